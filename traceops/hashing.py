@@ -1,0 +1,54 @@
+"""Content hashes over canonical JSON: the identity of trajectories, files and folders."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _normalize(value: Any) -> Any:
+    """Make equal data serialize equally: integral floats become ints, NaN becomes None."""
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return None
+        if value.is_integer():
+            return int(value)
+        return round(value, 12)
+    if isinstance(value, dict):
+        return {str(k): _normalize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normalize(v) for v in value]
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted-key, compact, normalized JSON: the same data always gives the same string."""
+    return json.dumps(_normalize(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=str)
+
+
+def content_hash(value: Any, length: int = 16) -> str:
+    """Hex sha256 prefix of the canonical JSON of ``value``."""
+    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()[:length]
+
+
+def file_hash(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Full hex sha256 of a file's bytes, streamed."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def folder_hash(path: str | Path) -> str:
+    """Hex sha256 over the relative paths and byte hashes of every file under ``path``."""
+    root = Path(path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(file.relative_to(root).as_posix().encode())
+        digest.update(file_hash(file).encode())
+    return digest.hexdigest()
