@@ -1,0 +1,55 @@
+"""Process set-up shared by every flow: the home's Prefect state, MLflow store and the home lock.
+
+Prefect reads ``PREFECT_HOME`` when it is imported, so ``prepare`` must run before any
+``import prefect``: the CLI calls it first, and flows import Prefect lazily after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from traceops import config, registry
+from traceops.errors import ConfigError
+from traceops.versioning import ensure_repo
+
+
+def prepare(home: str | Path | None = None) -> config.Settings:
+    """Resolve the home, point Prefect and MLflow at it, and initialize git + DVC there if needed."""
+    settings = config.load(home)
+    paths = settings.paths
+    paths.home.mkdir(parents=True, exist_ok=True)
+    os.environ["TRACEOPS_HOME"] = str(paths.home)
+    os.environ.setdefault("PREFECT_HOME", str(paths.prefect_home))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    for noisy in ("mlflow", "alembic", "great_expectations", "dvc", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    ensure_repo(paths.home)
+    registry.configure(paths)
+    return settings
+
+
+@contextmanager
+def home_lock(settings: config.Settings, wait_s: float = 0.0) -> Iterator[None]:
+    """Hold the home's lock for a run; a second run waits ``wait_s`` seconds, then refuses clearly."""
+    lock = FileLock(str(settings.paths.lock))
+    try:
+        lock.acquire(timeout=wait_s)
+    except Timeout as exc:
+        raise ConfigError(
+            f"another traceops run holds {settings.paths.lock}; wait for it to finish "
+            "(or pass --wait SECONDS), then run again"
+        ) from exc
+    try:
+        yield
+    finally:
+        lock.release()

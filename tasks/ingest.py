@@ -1,0 +1,44 @@
+"""Prefect task for the ingest stage: read + validate + store, DVC-version the store, track in MLflow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.retry import retry_unless_user_error
+from tasks.tracking import stage_run
+from traceops import config, registry, versioning
+from traceops.ingest import ingest_paths
+
+CURATED = "data/curated"
+
+
+@task(name="ingest", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
+      cache_policy=NO_CACHE)
+def ingest_task(paths: list[str], fmt: str = "auto", outcomes: str | None = None, home: str | None = None,
+                parent_run_id: str | None = None) -> dict[str, Any]:
+    """Ingest log files into the curated store; returns the counts and the new data_version.
+
+    Not cached: ingestion is idempotent by content hash, so a rerun over the same files only reads.
+    """
+    import mlflow
+
+    settings = config.load(home)
+    with stage_run(settings, "ingest", parent_run_id,
+                   params={"paths": paths, "format": fmt, "outcomes": outcomes}) as run:
+        result = ingest_paths(paths, settings, run_id=run.info.run_id, fmt=fmt, outcomes_file=outcomes)
+        settings.paths.curated.mkdir(parents=True, exist_ok=True)
+        data_version = versioning.commit_data(settings.paths.home, CURATED)
+        mlflow.log_metrics({"read": result.read, "accepted": result.accepted,
+                            "duplicates": result.duplicates, "quarantined": result.quarantined})
+        mlflow.log_param("data_version", data_version)
+        mlflow.set_tag(registry.TAG_DATA_VERSION, data_version)
+        registry.log_json(result.validation, "validation/ingest_validation.json")
+        registry.log_json(result.reasons, "quarantine/reasons.json")
+        if result.quarantine_file is not None and result.quarantine_file.exists():
+            mlflow.log_artifact(str(result.quarantine_file), "quarantine")
+    return {"read": result.read, "accepted": result.accepted, "duplicates": result.duplicates,
+            "quarantined": result.quarantined, "data_version": data_version,
+            "quarantine_reasons": result.reasons, "mlflow_run": run.info.run_id}

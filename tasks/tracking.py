@@ -1,0 +1,31 @@
+"""MLflow run handling for stage tasks: one run per stage, nested under the night's parent run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from traceops import config, registry
+
+
+@contextmanager
+def stage_run(settings: config.Settings, stage: str, parent_run_id: str | None = None,
+              params: dict[str, Any] | None = None) -> Iterator[Any]:
+    """Open the stage's MLflow run (experiment ``traceops/<stage>``), log its wall time on exit."""
+    import mlflow
+
+    registry.configure(settings.paths)
+    experiment_id = registry.ensure_experiment(settings.paths, stage)
+    started = time.perf_counter()
+    with mlflow.start_run(experiment_id=experiment_id, run_name=stage, parent_run_id=parent_run_id,
+                          nested=parent_run_id is not None) as run:
+        mlflow.set_tag("traceops.stage", stage)
+        mlflow.set_tag(registry.TAG_GIT_SHA, registry.git_sha(settings.paths.home))
+        if params:
+            mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+        try:
+            yield run
+        finally:
+            mlflow.log_metric("stage_seconds", time.perf_counter() - started)

@@ -1,0 +1,3 @@
+from traceops.cli import main
+
+main()

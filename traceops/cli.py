@@ -1,0 +1,81 @@
+"""The ``traceops`` command. Every command takes ``--json`` and then prints one JSON object as its last line.
+
+Heavy imports (Prefect, MLflow, torch) happen inside commands, after ``flows.runtime.prepare`` has pointed
+Prefect at the home: Prefect reads ``PREFECT_HOME`` when imported.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from traceops.errors import TraceopsError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Turn an agent's recurring failures into capability-targeted training.")
+console = Console(stderr=True)
+
+
+@app.callback()
+def _main() -> None:
+    """traceops: every night, from failure logs to a promoted, auditable model."""
+
+
+def emit(result: dict[str, Any], as_json: bool, table_title: str | None = None) -> None:
+    """Print a result: a readable table, or with --json one JSON object as the last line of stdout."""
+    if as_json:
+        sys.stdout.write(json.dumps(result, default=str) + "\n")
+        sys.stdout.flush()
+        return
+    from rich.table import Table
+
+    table = Table(title=table_title, show_header=False)
+    for key, value in result.items():
+        table.add_row(str(key), value if isinstance(value, str) else json.dumps(value, default=str))
+    Console().print(table)
+
+
+def fail(exc: Exception, as_json: bool) -> None:
+    """Report a traceops error clearly and exit non-zero (a JSON error object with --json)."""
+    if as_json:
+        sys.stdout.write(json.dumps({"error": str(exc), "type": type(exc).__name__}) + "\n")
+    console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def ingest(
+    paths: list[Path] = typer.Argument(..., help="Log files or folders to ingest."),
+    fmt: str = typer.Option("auto", "--format", help="auto|openai|tau2|swe|otel"),
+    outcomes: Path | None = typer.Option(None, "--outcomes", help="Side file mapping task ids to outcomes."),
+    home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Read production logs, validate them, store new trajectories and version the curated data."""
+    from flows import runtime
+
+    try:
+        from traceops.formats.detect import check_format, check_paths
+
+        check_format(fmt)
+        check_paths(paths)  # fail before any flow starts when a path is missing
+        settings = runtime.prepare(home)
+        from flows.ingest import ingest_flow
+
+        with runtime.home_lock(settings):
+            result = ingest_flow(paths=[str(p) for p in paths], fmt=fmt,
+                                 outcomes=str(outcomes) if outcomes else None, home=str(settings.paths.home))
+    except TraceopsError as exc:
+        fail(exc, as_json)
+        return
+    emit(result, as_json, "ingest")
+
+
+def main() -> None:
+    """Entry point for ``python -m traceops``."""
+    app()
