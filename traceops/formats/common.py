@@ -1,0 +1,223 @@
+"""Pieces every reader shares: tool-call arguments, content parts, outcome joins, validation.
+
+Readers assemble plain dicts in the shape of ``schema.Trajectory`` and validate once at the end
+(``Trajectory.model_validate``); a problem found on the way is raised as ``RecordProblem`` and
+turned into one ``Rejected`` that names the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from traceops.formats.base import OutcomeTable, Rejected
+from traceops.hashing import content_hash
+from traceops.schema import ROLES, Trajectory
+
+BASH_TOOL: dict[str, Any] = {
+    "name": "bash",
+    "description": "Execute a bash command",
+    "parameters": {
+        "type": "object",
+        "properties": {"command": {"type": "string", "description": "The bash command to execute"}},
+        "required": ["command"],
+    },
+}
+
+
+_TEXT_PARTS = ("text", "input_text", "output_text")
+_ROLE_SET = frozenset(ROLES)
+_decode = json.JSONDecoder().decode  # skips json.loads' per-call keyword handling: arguments are hot
+
+
+class RecordProblem(Exception):
+    """A record cannot become a trajectory; ``field`` is a dotted path such as ``messages[3].role``."""
+
+    def __init__(self, reason: str, field: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.field = field
+
+
+def parse_arguments(value: Any) -> tuple[dict[str, Any], str | None]:
+    """Tool-call arguments as ``(arguments, raw_arguments)``.
+
+    A JSON object (or a string holding one) gives the object and no raw text. Anything else (text
+    that is not JSON, JSON that is not an object) is kept verbatim in ``raw_arguments`` with empty
+    ``arguments``: a malformed call is evidence, never a rejection.
+    """
+    if value is None:
+        return {}, None
+    if isinstance(value, dict):
+        return value, None
+    if isinstance(value, str):
+        try:
+            parsed = _decode(value)
+        except (json.JSONDecodeError, RecursionError):
+            return {}, value
+        if isinstance(parsed, dict):
+            return parsed, None
+        return {}, value
+    return {}, json.dumps(value, ensure_ascii=False, default=str)
+
+
+def text_of(content: Any, field: str) -> str | None:
+    """Message content as text: a string, ``None``, or a list of content parts joined by newlines.
+
+    Text parts (``{"type": "text", "text"|"content": ...}``) keep their text; other parts (images,
+    files, audio) become a ``[type]`` marker so the step still shows something was there.
+    """
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        pieces: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                pieces.append(part)
+            elif isinstance(part, dict):
+                text = part.get("text", part.get("content"))
+                if isinstance(text, str) and part.get("type", "text") in _TEXT_PARTS:
+                    pieces.append(text)
+                else:
+                    pieces.append(f"[{part.get('type', 'part')}]")
+            else:
+                raise RecordProblem("content parts must be strings or objects", field)
+        return "\n".join(pieces)
+    raise RecordProblem(
+        f"content must be a string, a list of content parts or null, not {type(content).__name__}", field)
+
+
+def check_role(role: Any, field: str) -> str:
+    """The role if it is one of the schema's roles, else a ``RecordProblem`` naming them."""
+    if role in _ROLE_SET:
+        return role
+    raise RecordProblem(f"unknown role {role!r}: expected one of {', '.join(ROLES)}", field)
+
+
+def as_str(value: Any) -> str | None:
+    """Ids and names as strings (numbers are common in ids); ``None`` stays ``None``."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return str(value)
+    return None
+
+
+def derived_task_id(messages: list[dict[str, Any]]) -> str:
+    """A task id from the task itself: the hash of the messages up to the first user message.
+
+    Repeated attempts at one task share it, so K-of-N selection can group them.
+    """
+    prefix: list[Any] = []
+    for message in messages:
+        prefix.append([message.get("role"), message.get("content")])
+        if message.get("role") == "user":
+            break
+    return "task-" + content_hash(prefix)
+
+
+def join_outcome(data: dict[str, Any], outcomes: OutcomeTable | None) -> None:
+    """Replace ``data['outcome']`` with the side file's outcome for its task_id, when there is one."""
+    if outcomes:
+        outcome = outcomes.get(data["task_id"])
+        if outcome is not None:
+            data["outcome"] = outcome.model_dump()
+
+
+def loc_to_field(loc: tuple[int | str, ...]) -> str:
+    """Pydantic's error location as a path: ``('messages', 3, 'role')`` -> ``messages[3].role``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def build_trajectory(data: dict[str, Any], file: str, record: int | str,
+                     raw: Any) -> Trajectory | Rejected:
+    """Validate an assembled trajectory dict; a ``ValidationError`` becomes a ``Rejected``.
+
+    ``raw`` is the record's verbatim text, or a callable producing it (rejections are rare, so the
+    text is only built when needed).
+    """
+    try:
+        return Trajectory.model_validate(data)
+    except ValidationError as error:
+        errors = error.errors(include_url=False)
+        first = errors[0]
+        field = loc_to_field(tuple(first["loc"]))
+        details = "; ".join(f"{loc_to_field(tuple(e['loc'])) or 'record'}: {e['msg']}" for e in errors[:3])
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        return Rejected(file, record, f"invalid record: {details}{more}", raw=_raw(raw), field=field or None)
+
+
+def reject(file: str, record: int | str, problem: RecordProblem, raw: Any, prefix: str = "") -> Rejected:
+    """A ``RecordProblem`` as a ``Rejected``; ``prefix`` is prepended to its field path."""
+    field = problem.field
+    if prefix:
+        field = f"{prefix}.{field}" if field and not field.startswith("[") else f"{prefix}{field or ''}"
+    return Rejected(file, record, problem.reason, raw=_raw(raw), field=field)
+
+
+def dumps_raw(value: Any) -> str:
+    """A parsed record back as JSON text, for rejections of records that came from a larger document."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)
+
+
+def _raw(raw: Any) -> str:
+    return raw() if callable(raw) else raw
+
+
+def mapping(value: Any, field: str, *, default: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``value`` if it is an object; ``default`` (or {}) when null; else a ``RecordProblem``."""
+    if value is None:
+        return dict(default or {})
+    if isinstance(value, dict):
+        return value
+    raise RecordProblem(f"must be an object, not {type(value).__name__}", field)
+
+
+def tool_call(entry: Any, field: str, fallback_id: str) -> dict[str, Any]:
+    """One tool call from OpenAI's ``{id, type, function: {name, arguments}}`` or a flat
+    ``{id, name, arguments}``. A missing name is kept as '' (evidence of a malformed call)."""
+    if not isinstance(entry, dict):
+        raise RecordProblem("a tool call must be an object", field)
+    function = entry.get("function")
+    source = function if isinstance(function, dict) else entry
+    arguments, raw_arguments = parse_arguments(source.get("arguments", source.get("input")))
+    return {
+        "id": as_str(entry.get("id")) or fallback_id,
+        "name": as_str(source.get("name")) or "",
+        "arguments": arguments,
+        "raw_arguments": raw_arguments,
+    }
+
+
+def tool_spec(entry: Any, field: str) -> dict[str, Any]:
+    """A tool spec from OpenAI's ``{type: function, function: {...}}`` or a flat ``{name, description,
+    parameters}`` (also OTel's tool definitions and tau2's ``{name, doc, params}``)."""
+    if not isinstance(entry, dict):
+        raise RecordProblem("a tool spec must be an object", field)
+    function = entry.get("function")
+    source = function if isinstance(function, dict) else entry
+    name = as_str(source.get("name"))
+    if not name:
+        raise RecordProblem("a tool spec needs a name", f"{field}.name")
+    spec: dict[str, Any] = {"name": name,
+                            "description": as_str(source.get("description", source.get("doc"))) or ""}
+    parameters = source.get("parameters", source.get("params", source.get("input_schema")))
+    if parameters is not None:
+        if not isinstance(parameters, dict):
+            raise RecordProblem("tool parameters must be a JSON-schema object", f"{field}.parameters")
+        spec["parameters"] = parameters
+    return spec
