@@ -1,0 +1,545 @@
+"""Grounding: what the logs say about the agent's world, distilled for environment synthesis.
+
+A ``Grounding`` holds the tools the agent had (schemas from the trajectories' ``tools``, or inferred
+from observed calls when the logs carry no schemas), the entity kinds and value formats seen in
+arguments and outputs (``user_0042``, ``#W1234567``, emails, numbers) and sanitized user phrasing.
+Generated entities never reuse a logged or evaluation value: ``ValueFactory`` mints fresh ids in a
+numeric range of its own and ``assert_disjoint`` checks every task spec against the ``exclude`` set.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from traceops.errors import TraceopsError
+from traceops.hashing import content_hash
+from traceops.schema import Trajectory
+
+SCALAR_TYPES = ("string", "integer", "number", "boolean")
+_ID_SHAPE = re.compile(r"^([A-Za-z_#\-]*?[_#\-]?[A-Za-z]*)(\d{2,})$")
+_EMAIL = re.compile(r"^[A-Za-z0-9._%+\-]+@([A-Za-z0-9.\-]+\.[A-Za-z]{2,})$")
+_UNSAFE_PHRASE = re.compile(r"[\d@#]")
+MAX_EXAMPLES = 8
+
+
+class GroundingError(TraceopsError):
+    """The grounding cannot be built or a generated value collides with evaluation data."""
+
+
+@dataclass(frozen=True)
+class Grounding:
+    """Tools, entity formats and phrasing distilled from trajectories (all JSON-able).
+
+    ``tools``: ``{"name", "description", "args": [{"name", "type", "description", "enum", "examples",
+    "properties"}], "required": [...]}``. ``entities``: kind -> ``{"prefix", "digits", "examples"}`` for
+    id-like values, plus ``"email"`` -> ``{"domain"}``. ``source`` is ``logs`` (schemas given),
+    ``inferred`` (from observed calls only) or ``default`` (no tools at all: built-in defaults).
+    """
+
+    source: str
+    domain: str = "unknown"
+    tools: tuple[dict[str, Any], ...] = ()
+    entities: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    outputs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    phrasings: tuple[str, ...] = ()
+    seed_ids: tuple[str, ...] = ()
+    observed_values: frozenset[str] = frozenset()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able view (observed values are summarized by count: they are evaluation data)."""
+        return {
+            "source": self.source,
+            "domain": self.domain,
+            "tools": list(self.tools),
+            "entities": {k: dict(v) for k, v in sorted(self.entities.items())},
+            "outputs": {k: list(v) for k, v in sorted(self.outputs.items())},
+            "phrasings": list(self.phrasings),
+            "seed_ids": list(self.seed_ids),
+            "observed_values": len(self.observed_values),
+        }
+
+    @property
+    def hash(self) -> str:
+        """Content hash of the grounding (the observed values included, by content)."""
+        return grounding_hash(self)
+
+    def tool(self, name: str) -> dict[str, Any]:
+        """The tool called ``name``."""
+        for tool in self.tools:
+            if tool["name"] == name:
+                return tool
+        raise GroundingError(f"grounding has no tool '{name}'; known: {[t['name'] for t in self.tools]}")
+
+
+def grounding_hash(grounding: Grounding) -> str:
+    """Stable hash of everything a family reads from the grounding."""
+    payload = grounding.to_dict()
+    payload["observed_values"] = sorted(grounding.observed_values)
+    return content_hash(payload)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Built-in defaults: a small retail-like world, used when the logs carry no tools at all.
+
+DEFAULT_TOOLS: tuple[dict[str, Any], ...] = (
+    {
+        "name": "get_order_details",
+        "description": "Look up the status and items of an order",
+        "args": [{"name": "order_id", "type": "string", "description": "Order id such as '#W1000001'"}],
+        "required": ["order_id"],
+    },
+    {
+        "name": "cancel_pending_order",
+        "description": "Cancel an order that has not shipped yet",
+        "args": [
+            {"name": "order_id", "type": "string", "description": "Order id"},
+            {
+                "name": "reason",
+                "type": "string",
+                "description": "Why the order is cancelled",
+                "enum": ["no longer needed", "ordered by mistake"],
+            },
+        ],
+        "required": ["order_id", "reason"],
+    },
+    {
+        "name": "modify_user_address",
+        "description": "Change the shipping address stored for a user",
+        "args": [
+            {"name": "user_id", "type": "string", "description": "User id such as 'user_1001'"},
+            {"name": "city", "type": "string", "description": "City name"},
+            {"name": "zip", "type": "string", "description": "Postal code"},
+        ],
+        "required": ["user_id", "city", "zip"],
+    },
+    {
+        "name": "find_user_by_email",
+        "description": "Find a user's id from their email address",
+        "args": [{"name": "email", "type": "string", "description": "The user's email"}],
+        "required": ["email"],
+    },
+    {
+        "name": "return_items",
+        "description": "Return some items of a delivered order for a refund",
+        "args": [
+            {"name": "order_id", "type": "string", "description": "Order id"},
+            {"name": "item_count", "type": "integer", "description": "How many items to return"},
+            {"name": "refund_to_gift_card", "type": "boolean", "description": "Refund as gift card"},
+        ],
+        "required": ["order_id", "item_count", "refund_to_gift_card"],
+    },
+    {
+        "name": "update_order_priority",
+        "description": "Set the shipping priority of an order",
+        "args": [
+            {"name": "order_id", "type": "string", "description": "Order id"},
+            {
+                "name": "priority",
+                "type": "string",
+                "description": "Shipping priority",
+                "enum": ["standard", "express", "overnight"],
+            },
+        ],
+        "required": ["order_id", "priority"],
+    },
+)
+DEFAULT_ENTITIES: dict[str, dict[str, Any]] = {
+    "order": {"prefix": "#W", "digits": 7, "examples": []},
+    "user": {"prefix": "user_", "digits": 4, "examples": []},
+    "email": {"domain": "example.com"},
+}
+WORDS = (
+    "amber",
+    "birch",
+    "cedar",
+    "delta",
+    "ember",
+    "fjord",
+    "garnet",
+    "harbor",
+    "indigo",
+    "juniper",
+    "kestrel",
+    "lumen",
+    "meadow",
+    "nectar",
+    "onyx",
+    "pebble",
+    "quartz",
+    "raven",
+    "sable",
+    "tundra",
+)
+CITIES = ("Austin", "Boston", "Denver", "Fresno", "Helena", "Lincoln", "Madison", "Portland", "Reno", "Salem")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Building a grounding from trajectories.
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    return "string"
+
+
+def _leaves(value: Any) -> Iterable[Any]:
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value
+
+
+def _id_kind(arg_name: str) -> str | None:
+    """``order_id`` -> ``order``; ``id`` alone gives no kind."""
+    lowered = arg_name.lower()
+    if lowered.endswith("_id") and len(lowered) > 3:
+        return lowered[:-3]
+    return None
+
+
+def _shape(value: str) -> tuple[str, int] | None:
+    match = _ID_SHAPE.match(value)
+    if not match or not match.group(1):
+        return None
+    return match.group(1), len(match.group(2))
+
+
+def _sanitize_phrase(text: str) -> str | None:
+    """First sentence of a user message, only when it carries no ids, numbers or emails."""
+    sentence = re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0].strip()
+    if not sentence or len(sentence) > 120 or _UNSAFE_PHRASE.search(sentence):
+        return None
+    return sentence
+
+
+def build_grounding(
+    trajectories: Sequence[Trajectory], *, seed_ids: Sequence[str] = (), exclude: Iterable[str] = ()
+) -> Grounding:
+    """Distill tools, entity formats, outputs and phrasing from ``trajectories``.
+
+    Tool schemas come from the trajectories' ``tools``; argument examples and the types of tools with
+    no schema come from observed calls (then ``source`` is ``inferred``). With no tools at all the
+    built-in retail defaults are used and ``source`` is ``default``. Every observed argument and
+    output value joins ``observed_values`` so that generated entities can be kept disjoint from them.
+    """
+    schemas: dict[str, dict[str, Any]] = {}
+    examples: dict[tuple[str, str], list[Any]] = {}
+    observed_types: dict[tuple[str, str], str] = {}
+    called: dict[str, list[str]] = {}
+    outputs: dict[str, list[str]] = {}
+    observed: set[str] = {str(v) for v in exclude}
+    phrasings: list[str] = []
+    domains: list[str] = []
+    for trajectory in trajectories:
+        domains.append(trajectory.domain)
+        for spec in trajectory.tools:
+            schemas.setdefault(spec.name, {"description": spec.description, "parameters": spec.parameters})
+        call_names: dict[str, str] = {}
+        for message in trajectory.messages:
+            if message.role == "user" and message.content:
+                phrase = _sanitize_phrase(message.content)
+                if phrase and phrase not in phrasings:
+                    phrasings.append(phrase)
+            for call in message.tool_calls or []:
+                call_names[call.id] = call.name
+                arg_names = called.setdefault(call.name, [])
+                for arg, value in call.arguments.items():
+                    if arg not in arg_names:
+                        arg_names.append(arg)
+                    observed_types.setdefault((call.name, arg), _json_type(value))
+                    bucket = examples.setdefault((call.name, arg), [])
+                    if len(bucket) < MAX_EXAMPLES and value not in bucket:
+                        bucket.append(value)
+                    observed.update(str(leaf) for leaf in _leaves(value) if leaf is not None)
+            if message.role == "tool" and message.content:
+                name = message.name or call_names.get(message.tool_call_id or "", "")
+                keys = outputs.setdefault(name, [])
+                try:
+                    parsed = json.loads(message.content)
+                except (json.JSONDecodeError, TypeError):
+                    parsed = None
+                if isinstance(parsed, dict):
+                    for key in parsed:
+                        if key not in keys and len(keys) < 16:
+                            keys.append(str(key))
+                    observed.update(str(leaf) for leaf in _leaves(parsed) if leaf is not None)
+    names = sorted(set(schemas) | set(called))
+    if not names:
+        return Grounding(
+            source="default",
+            domain=_majority(domains),
+            tools=DEFAULT_TOOLS,
+            entities=DEFAULT_ENTITIES,
+            phrasings=tuple(phrasings[:32]),
+            seed_ids=tuple(seed_ids),
+            observed_values=frozenset(observed),
+        )
+    tools = []
+    for name in names:
+        schema = schemas.get(name)
+        props = dict((schema or {}).get("parameters", {}).get("properties", {}) or {})
+        required = list((schema or {}).get("parameters", {}).get("required", []) or [])
+        arg_names = list(props) + [a for a in called.get(name, []) if a not in props]
+        if schema is None:
+            required = list(called.get(name, []))
+        args = []
+        for arg in arg_names:
+            prop = props.get(arg, {}) if isinstance(props.get(arg), dict) else {}
+            declared = prop.get("type")
+            arg_type = declared if isinstance(declared, str) else observed_types.get((name, arg), "string")
+            entry: dict[str, Any] = {
+                "name": arg,
+                "type": arg_type,
+                "description": str(prop.get("description", ""))[:200],
+            }
+            if isinstance(prop.get("enum"), list) and prop["enum"]:
+                entry["enum"] = [e for e in prop["enum"] if isinstance(e, (str, int, float, bool))][:16]
+            if isinstance(prop.get("properties"), dict):
+                entry["properties"] = {
+                    k: (v.get("type", "string") if isinstance(v, dict) else "string")
+                    for k, v in prop["properties"].items()
+                }
+            found = examples.get((name, arg), [])
+            if found:
+                entry["examples"] = found
+            args.append(entry)
+        tools.append(
+            {
+                "name": name,
+                "description": str((schema or {}).get("description", ""))[:300],
+                "args": args,
+                "required": [r for r in required if r in arg_names],
+            }
+        )
+    source = "logs" if schemas and set(called) <= set(schemas) else "inferred"
+    return Grounding(
+        source=source,
+        domain=_majority(domains),
+        tools=tuple(tools),
+        entities=_entities(tools),
+        outputs={k: tuple(v) for k, v in outputs.items() if v},
+        phrasings=tuple(phrasings[:32]),
+        seed_ids=tuple(seed_ids),
+        observed_values=frozenset(observed),
+    )
+
+
+def _majority(values: list[str]) -> str:
+    if not values:
+        return "unknown"
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+
+
+def _entities(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Entity kinds from id-like arguments and their observed value shapes; defaults fill gaps."""
+    entities: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        for arg in tool["args"]:
+            values = [v for v in arg.get("examples", []) if isinstance(v, str)]
+            emails = [m.group(1) for v in values if (m := _EMAIL.match(v))]
+            if emails:
+                entities.setdefault("email", {"domain": sorted(emails)[0]})
+                continue
+            kind = _id_kind(arg["name"])
+            shapes = [s for v in values if (s := _shape(v))]
+            if kind is None and not shapes:
+                continue
+            kind = kind or arg["name"].lower()
+            if shapes:
+                prefix, digits = sorted(shapes)[0]
+            else:
+                prefix, digits = f"{kind[:8]}_", 4
+            entry = entities.setdefault(kind, {"prefix": prefix, "digits": digits, "examples": []})
+            entry["examples"] = sorted(set(entry["examples"]) | set(values))[:MAX_EXAMPLES]
+    if not any("prefix" in e for e in entities.values()):
+        entities.update({k: v for k, v in DEFAULT_ENTITIES.items() if k != "email"})
+    entities.setdefault("email", dict(DEFAULT_ENTITIES["email"]))
+    return entities
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fresh values, disjoint from everything observed.
+
+
+def exclusion_set(grounding: Grounding, exclude: Iterable[str] = ()) -> frozenset[str]:
+    """Every value generated entities must avoid: the logs' observed values plus ``exclude``."""
+    return frozenset(grounding.observed_values) | frozenset(str(v) for v in exclude)
+
+
+class ValueFactory:
+    """Mints values for task specs: fresh ids in a numeric range logs do not use, plausible scalars.
+
+    Fresh ids keep the observed prefix and width but draw from the top decile of the range (widened by
+    two digits when the width is too small to leave room); any value in ``exclude`` is skipped.
+    """
+
+    def __init__(self, grounding: Grounding, rng: random.Random, exclude: Iterable[str] = ()) -> None:
+        self.grounding = grounding
+        self.rng = rng
+        # A frozenset is taken as the complete exclusion set (see ``exclusion_set``), so that families
+        # making one factory per instance do not rebuild a large set every time.
+        self.exclude = exclude if isinstance(exclude, frozenset) else exclusion_set(grounding, exclude)
+        self.issued: set[str] = set()
+
+    def fresh_id(self, kind: str) -> str:
+        """A new id of entity ``kind`` that is in neither the logs nor ``exclude`` nor issued before."""
+        spec = self.grounding.entities.get(kind) or {"prefix": f"{kind[:8]}_", "digits": 4}
+        if kind == "email" or "domain" in spec:
+            return self.fresh_email()
+        prefix, digits = str(spec.get("prefix", f"{kind}_")), int(spec.get("digits", 4))
+        digits = digits if digits >= 4 else digits + 2
+        low, high = int(math.ceil(0.9 * 10**digits)), 10**digits - 1
+        for _ in range(1000):
+            value = f"{prefix}{self.rng.randint(low, high):0{digits}d}"
+            if value not in self.exclude and value not in self.issued:
+                self.issued.add(value)
+                return value
+        raise GroundingError(
+            f"could not mint a fresh '{kind}' id outside the excluded values; "
+            f"widen the id format or shrink the exclude set"
+        )
+
+    def fresh_email(self) -> str:
+        """A new email address at the observed domain."""
+        domain = str((self.grounding.entities.get("email") or {}).get("domain", "example.com"))
+        for _ in range(1000):
+            value = f"{self.rng.choice(WORDS)}.{self.rng.randint(9000, 9999)}@{domain}"
+            if value not in self.exclude and value not in self.issued:
+                self.issued.add(value)
+                return value
+        raise GroundingError("could not mint a fresh email outside the excluded values")
+
+    def value_for(self, arg: Mapping[str, Any]) -> Any:
+        """A plausible value for a tool argument, from its kind, type, enum and examples."""
+        kind = _id_kind(arg["name"])
+        examples = list(arg.get("examples", []))
+        if kind and kind in self.grounding.entities:
+            return self.fresh_id(kind)
+        if any(isinstance(v, str) and _EMAIL.match(v) for v in examples) or "email" in arg["name"].lower():
+            return self.fresh_email()
+        shapes = [s for v in examples if isinstance(v, str) and (s := _shape(v))]
+        if shapes:
+            return self.fresh_id(arg["name"].lower())
+        if arg.get("enum"):
+            return self.rng.choice(list(arg["enum"]))
+        kind_type = arg.get("type", "string")
+        if kind_type == "boolean":
+            return self.rng.choice([True, False])
+        if kind_type in ("integer", "number"):
+            numbers = [v for v in examples if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            low = int(min(numbers)) if numbers else 1
+            high = int(max(numbers)) if numbers else 9
+            value = self.rng.randint(max(1, low), max(low + 5, high, 2))
+            return value if kind_type == "integer" else value + self.rng.choice([0.25, 0.5, 0.75])
+        if kind_type == "array":
+            return [self.rng.choice(WORDS) for _ in range(self.rng.randint(1, 3))]
+        if kind_type == "object":
+            props = arg.get("properties") or {"label": "string", "count": "integer"}
+            return {k: self.value_for({"name": k, "type": t}) for k, t in sorted(props.items())}
+        if "city" in arg["name"].lower():
+            return self.rng.choice(CITIES)
+        if "zip" in arg["name"].lower() or "postal" in arg["name"].lower():
+            return f"{self.rng.randint(90000, 99999)}"
+        return f"{self.rng.choice(WORDS)} {self.rng.choice(WORDS)}"
+
+
+def spec_values(value: Any) -> Iterable[str]:
+    """Every scalar string in a task spec (for the disjointness check)."""
+    for leaf in _leaves(value):
+        if isinstance(leaf, str):
+            yield leaf
+
+
+def assert_disjoint(
+    tasks: Iterable[Mapping[str, Any]], exclude: Iterable[str], *, fields: Sequence[str]
+) -> None:
+    """Raise when an id-like value of a task (under ``fields``) appears in ``exclude``."""
+    excluded = {str(v) for v in exclude}
+    for task in tasks:
+        for name in fields:
+            for value in spec_values(task.get(name)):
+                if (_shape(value) or _EMAIL.match(value)) and value in excluded:
+                    raise GroundingError(
+                        f"task {task.get('task_id')}: generated value {value!r} in field "
+                        f"'{name}' appears in evaluation data; regenerate with another seed"
+                    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Seed selection: failures of a capability, nearest the failure cluster first.
+
+
+def _failed(trajectory: Trajectory) -> bool:
+    outcome = trajectory.outcome
+    if outcome.success is not None:
+        return not outcome.success
+    return outcome.reward is not None and outcome.reward < 1.0
+
+
+def _text(trajectory: Trajectory) -> str:
+    parts = [m.content or "" for m in trajectory.messages]
+    parts += [c.name for m in trajectory.messages for c in (m.tool_calls or [])]
+    return " ".join(parts)
+
+
+def select_seeds(
+    trajectories: Sequence[Trajectory],
+    capability: str,
+    k: int,
+    *,
+    embeddings: Mapping[str, Sequence[float]] | None = None,
+    centroid: Sequence[float] | None = None,
+) -> list[Trajectory]:
+    """The ``k`` failed trajectories labelled ``capability``, nearest the failure cluster first.
+
+    Similarity is cosine to ``centroid`` over ``embeddings`` (trajectory id -> vector) when given, else
+    cosine to the mean TF-IDF vector of the capability's failures. Ties break on trajectory id.
+    """
+    failures = [
+        t for t in trajectories if _failed(t) and any(label.capability == capability for label in t.labels)
+    ]
+    failures.sort(key=lambda t: t.id)
+    if not failures or k <= 0:
+        return []
+    if embeddings is not None and all(t.id in embeddings for t in failures):
+        matrix = np.asarray([embeddings[t.id] for t in failures], dtype=np.float64)
+        center = np.asarray(centroid, dtype=np.float64) if centroid is not None else matrix.mean(axis=0)
+    else:
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        texts = [_text(t) for t in failures]
+        if not any(text.strip() for text in texts):
+            return failures[:k]
+        try:
+            matrix = TfidfVectorizer().fit_transform(texts).toarray()
+        except ValueError:  # empty vocabulary: nothing to rank by, keep id order
+            return failures[:k]
+        center = matrix.mean(axis=0)
+    norms = np.linalg.norm(matrix, axis=1) * (np.linalg.norm(center) or 1.0)
+    scores = (matrix @ center) / np.where(norms == 0, 1.0, norms)
+    order = sorted(range(len(failures)), key=lambda i: (-round(float(scores[i]), 9), failures[i].id))
+    return [failures[i] for i in order[:k]]

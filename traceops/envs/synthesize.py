@@ -1,0 +1,311 @@
+"""The synthesize stage as a pure function: capabilities + trajectories -> environment task files.
+
+For each capability: pick the seed trajectories (its failures, nearest the failure cluster first), build
+the grounding, generate train/val/test task specs, check disjointness from evaluation data, self-test
+the verifier, optionally calibrate a model, and write
+
+    <out_dir>/<capability>/{train,val,test}.jsonl   one canonical-JSON task spec per line, by task_id
+    <out_dir>/<capability>/manifest.json            family, parameters, seed, counts, self_tests,
+                                                    calibration, grounding, skipped items
+    <out_dir>/synthesis.json                        what was written and what was skipped, and why
+
+Nothing time- or machine-dependent is written, so the same inputs give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from traceops.envs.calibration import Calibration, Episodes, calibrate
+from traceops.envs.families import FAMILIES
+from traceops.envs.family import Family
+from traceops.envs.grounding import assert_disjoint, build_grounding, select_seeds
+from traceops.envs.selftest import THRESHOLD, self_test
+from traceops.errors import ConfigError
+from traceops.hashing import canonical_json, file_hash, folder_hash
+from traceops.schema import Trajectory
+
+SPLITS = ("train", "val", "test")
+STRUCTURED_FIELDS = ("tables", "gold", "records", "lookups")
+
+
+@dataclass(frozen=True)
+class SynthesisParams:
+    """Parameters of the stage (``params.yaml`` section ``synthesize``)."""
+
+    train_size: int = 200
+    val_size: int = 50
+    test_size: int = 50
+    levels: tuple[int, ...] | None = None
+    seeds_per_capability: int = 32
+    self_test_size: int | None = None
+    threshold: float = THRESHOLD
+    calibration_per_level: int = 8
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any] | None) -> SynthesisParams:
+        """Validate a mapping (unknown keys and negative sizes are configuration errors)."""
+        values = dict(values or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"params.yaml synthesize: unknown key(s) {unknown}; known: {sorted(known)}")
+        if values.get("levels") is not None:
+            values["levels"] = tuple(int(v) for v in values["levels"])
+        params = cls(**values)
+        for name in ("train_size", "val_size", "test_size", "seeds_per_capability", "calibration_per_level"):
+            if int(getattr(params, name)) < 0:
+                raise ConfigError(f"params.yaml synthesize.{name} is {getattr(params, name)}; use 0 or more")
+        if not 0.0 < params.threshold <= 1.0:
+            raise ConfigError("params.yaml synthesize.threshold must be in (0, 1]")
+        return params
+
+    def sizes(self) -> dict[str, int]:
+        """Requested size of each split."""
+        return {"train": self.train_size, "val": self.val_size, "test": self.test_size}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form for the manifest."""
+        out = asdict(self)
+        out["levels"] = list(self.levels) if self.levels is not None else None
+        return out
+
+
+@dataclass
+class SynthesisResult:
+    """What the stage wrote: per-capability manifests, skipped items, files and the folder hash."""
+
+    out_dir: Path
+    manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+    env_hash: str = ""
+
+    @property
+    def passed(self) -> bool:
+        """True when every written capability passed its self-tests."""
+        return all(m["self_tests"]["passed"] for m in self.manifests.values())
+
+    @property
+    def failed(self) -> list[str]:
+        """Capabilities whose self-tests failed (their files are written but must not be trained on)."""
+        return sorted(c for c, m in self.manifests.items() if not m["self_tests"]["passed"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary (for the CLI's ``--json`` and the orchestration layer)."""
+        return {
+            "out_dir": str(self.out_dir),
+            "capabilities": sorted(self.manifests),
+            "skipped": self.skipped,
+            "passed": self.passed,
+            "failed": self.failed,
+            "env_hash": self.env_hash,
+            "files": [str(p) for p in self.files],
+            "counts": {c: m["counts"] for c, m in sorted(self.manifests.items())},
+        }
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _jsonl(tasks: Sequence[dict[str, Any]]) -> str:
+    lines = [canonical_json(t) for t in sorted(tasks, key=lambda t: t["task_id"])]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def synthesize_one(
+    family: Family,
+    trajectories: Sequence[Trajectory],
+    params: SynthesisParams,
+    seed: int,
+    *,
+    exclude: Sequence[str] = (),
+    embeddings: Mapping[str, Sequence[float]] | None = None,
+    centroid: Sequence[float] | None = None,
+    episodes: Callable[[Family], Episodes] | None = None,
+) -> tuple[dict[str, list], dict[str, Any]]:
+    """Task splits and the manifest (without file hashes) for one family."""
+    capability = family.capability
+    notes: list[str] = []
+    seeds = select_seeds(
+        trajectories, capability, params.seeds_per_capability, embeddings=embeddings, centroid=centroid
+    )
+    if seeds:
+        basis = seeds
+    else:
+        basis = list(trajectories)
+        notes.append(
+            f"no failed trajectory is labelled '{capability}': grounded on all {len(basis)} "
+            f"trajectories instead"
+        )
+    grounding = build_grounding(basis, seed_ids=[t.id for t in seeds], exclude=exclude)
+    if grounding.source == "default":
+        notes.append(
+            "the logs carry no tools (no schemas, no observed calls): the family uses its built-in "
+            "default tools and entities"
+        )
+    elif grounding.source == "inferred":
+        notes.append(
+            "some tools had no schema in the logs: their arguments were inferred from observed calls"
+        )
+    sizes = params.sizes()
+    splits: dict[str, list[dict[str, Any]]] = {}
+    offset = 0
+    for split in SPLITS:
+        splits[split] = family.generate(
+            grounding, seed, sizes[split], levels=params.levels, exclude=exclude, offset=offset
+        )
+        offset += sizes[split]
+        if sizes[split] == 0:
+            notes.append(f"split '{split}' requested with size 0: written empty")
+    generated = [t for split in SPLITS for t in splits[split]]  # in generation order, before dedupe
+    seen: set[str] = set()
+    for split in SPLITS:
+        unique = []
+        for task in splits[split]:
+            if task["task_id"] not in seen:
+                seen.add(task["task_id"])
+                unique.append(task)
+        if len(unique) != len(splits[split]):
+            notes.append(f"split '{split}': dropped {len(splits[split]) - len(unique)} duplicate task(s)")
+        splits[split] = unique
+    everything = [t for split in SPLITS for t in splits[split]]
+    assert_disjoint(everything, set(exclude) | set(grounding.observed_values), fields=STRUCTURED_FIELDS)
+    sample = generated[: params.self_test_size] if params.self_test_size is not None else generated
+    regenerated = family.generate(
+        grounding, seed, min(20, sizes["train"]), levels=params.levels, exclude=exclude
+    )
+    tests = self_test(family, sample, seed=seed, regenerated=regenerated, threshold=params.threshold)
+    if episodes is None:
+        calibration: dict[str, Any] = {"status": "absent", "reason": "no model was given to calibrate"}
+    elif not splits["val"]:
+        calibration = {"status": "absent", "reason": "the val split is empty"}
+    else:
+        result: Calibration = calibrate(
+            splits["val"], episodes(family), per_level=params.calibration_per_level
+        )
+        calibration = {"status": "measured", **result.to_dict()}
+    by_level: dict[str, dict[str, int]] = {}
+    for split in SPLITS:
+        for task in splits[split]:
+            by_level.setdefault(str(task["level"]), {s: 0 for s in SPLITS})[split] += 1
+    env = family.make_env()
+    manifest = {
+        "capability": capability,
+        "family": type(family).__name__,
+        "description": family.description,
+        "levels": list(params.levels or family.levels),
+        "parameters": params.to_dict(),
+        "seed": seed,
+        "counts": {**{s: len(splits[s]) for s in SPLITS}, "by_level": dict(sorted(by_level.items()))},
+        "tools": env.tool_names(),
+        "self_tests": tests,
+        "calibration": calibration,
+        "grounding": {
+            "source": grounding.source,
+            "hash": grounding.hash,
+            "domain": grounding.domain,
+            "tools": [t["name"] for t in grounding.tools],
+            "entities": sorted(grounding.entities),
+            "seed_trajectories": list(grounding.seed_ids),
+            "excluded_values": len(set(exclude)),
+        },
+        "notes": notes,
+    }
+    return splits, manifest
+
+
+def synthesize(
+    capabilities: Sequence[str],
+    trajectories: Sequence[Trajectory],
+    out_dir: str | Path,
+    params: SynthesisParams | Mapping[str, Any] | None = None,
+    seed: int = 0,
+    *,
+    exclude: Sequence[str] = (),
+    embeddings: Mapping[str, Sequence[float]] | None = None,
+    centroids: Mapping[str, Sequence[float]] | None = None,
+    episodes: Callable[[Family], Episodes] | None = None,
+) -> SynthesisResult:
+    """Write environments for ``capabilities`` under ``out_dir`` and return what was written and skipped.
+
+    ``exclude``: values from evaluation data that generated entities must never reuse. ``embeddings``
+    (trajectory id -> vector) and ``centroids`` (capability -> vector) rank seed trajectories; without
+    them TF-IDF is used. ``episodes(family)`` returns an episodes callable for calibration (absent: the
+    manifest says calibration was not measured).
+    """
+    if not isinstance(params, SynthesisParams):
+        params = SynthesisParams.from_dict(params)
+    root = Path(out_dir)
+    result = SynthesisResult(out_dir=root)
+    for capability in sorted(dict.fromkeys(capabilities)):
+        family = FAMILIES.get(capability)
+        if family is None:
+            result.skipped.append(
+                {
+                    "capability": capability,
+                    "reason": (
+                        f"no environment family covers '{capability}' "
+                        f"(families: {', '.join(sorted(FAMILIES))}); reported as an uncovered gap"
+                    ),
+                }
+            )
+            continue
+        if sum(params.sizes().values()) == 0:
+            result.skipped.append(
+                {
+                    "capability": capability,
+                    "reason": (
+                        "requested size is zero for every split (train_size, val_size, test_size): "
+                        "nothing to write"
+                    ),
+                }
+            )
+            continue
+        splits, manifest = synthesize_one(
+            family,
+            trajectories,
+            params,
+            seed,
+            exclude=exclude,
+            embeddings=embeddings,
+            centroid=(centroids or {}).get(capability),
+            episodes=episodes,
+        )
+        folder = root / capability
+        hashes = {}
+        for split in SPLITS:
+            path = _write(folder / f"{split}.jsonl", _jsonl(splits[split]))
+            result.files.append(path)
+            hashes[split] = file_hash(path)
+        manifest["files"] = hashes
+        result.files.append(
+            _write(folder / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        )
+        result.manifests[capability] = manifest
+    summary = {
+        "capabilities": sorted(result.manifests),
+        "skipped": result.skipped,
+        "seed": seed,
+        "parameters": params.to_dict(),
+        "passed": result.passed,
+        "failed": result.failed,
+    }
+    result.files.append(_write(root / "synthesis.json", json.dumps(summary, indent=2, sort_keys=True) + "\n"))
+    result.env_hash = folder_hash(root)
+    return result
+
+
+def load_split(out_dir: str | Path, capability: str, split: str) -> list[dict[str, Any]]:
+    """Read the task specs of one split written by ``synthesize``."""
+    path = Path(out_dir) / capability / f"{split}.jsonl"
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist; run the synthesize stage for '{capability}' first")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
