@@ -11,6 +11,13 @@ from typing import Any
 
 def _normalize(value: Any) -> Any:
     """Make equal data serialize equally: integral floats become ints, NaN becomes None."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:  # the common case, first and cheap
+        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): _normalize(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [_normalize(v) for v in value]
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             return None

@@ -39,3 +39,17 @@ class ChatModel(Protocol):
                  config: GenerationConfig | None = None) -> list[str]:
         """One completion per conversation, generated as a batch where the backend can."""
         ...
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One completion with its token counts, for backends that know them (serving reports usage).
+
+    ``finish_reason`` is ``"stop"`` (end of turn or a stop string) or ``"length"`` (hit
+    ``max_new_tokens``). Backends that implement ``complete`` also implement ``generate`` as its text.
+    """
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str = "stop"
