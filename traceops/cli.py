@@ -76,6 +76,23 @@ def ingest(
     emit(result, as_json, "ingest")
 
 
+@app.command()
+def serve(
+    model: str = typer.Argument("embedded", help="embedded | a local HF folder | http(s)://host/v1#model"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+    api_key_env: str | None = typer.Option(None, "--api-key-env",
+                                           help="Require the key held in this environment variable."),
+) -> None:
+    """Serve a model over an OpenAI-compatible /v1/chat/completions endpoint (tool calls included)."""
+    from traceops.serve import serve as run_server
+
+    try:
+        run_server(model, host=host, port=port, api_key_env=api_key_env)
+    except TraceopsError as exc:
+        fail(exc, False)
+
+
 def main() -> None:
     """Entry point for ``python -m traceops``."""
     app()
