@@ -1,0 +1,144 @@
+"""The ingest pipeline end to end: counts add up, failures are quarantined, re-ingest is a no-op."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from traceops import config, versioning
+from traceops.formats.base import ReadItem, Rejected
+from traceops.ingest import ingest_items, ingest_paths
+from traceops.quarantine import count_by, count_quarantined, read_quarantine
+from traceops.schema import Message, Outcome, Source, ToolCall, Trajectory
+from traceops.store import CuratedStore, load_trajectories
+
+
+def traj(i: int, success: bool | None = False) -> Trajectory:
+    return Trajectory(
+        task_id=f"t{i}",
+        messages=[
+            Message(role="user", content=f"refund order {i}"),
+            Message(role="assistant", tool_calls=[ToolCall(id="a", name="refund", arguments={"order": i})]),
+            Message(role="tool", content="refunded", tool_call_id="a"),
+            Message(role="assistant", content="Done."),
+        ],
+        outcome=Outcome(success=success),
+        source=Source(format="openai", file="logs.jsonl", record=i),
+    )
+
+
+def mixed_items() -> list[ReadItem]:
+    """10 good, 2 repeats, 1 unreadable, 2 failing validation (an unanswered tool result, a bad role)."""
+    items: list[ReadItem] = [traj(i, success=i % 3 == 0 or None) for i in range(10)]
+    items += [items[2], items[7]]
+    items.append(Rejected(file="logs.jsonl", record=42, reason="not valid JSON: Expecting value", raw="{oops",
+                          field=None))
+    orphan = traj(100)
+    orphan.messages[2].tool_call_id = "zzz"
+    bad_role = traj(101)
+    bad_role.messages[0].role = "robot"  # type: ignore[assignment]
+    items += [orphan, bad_role]
+    return items
+
+
+def no_temp_files(home: Path) -> bool:
+    return not [p for p in (home / "data").rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_counts_add_up_and_failures_are_quarantined(home: Path) -> None:
+    settings = config.load(home)
+    result = ingest_items(mixed_items(), settings, run_id="run-1", batch_size=4)
+    assert (result.read, result.accepted, result.duplicates, result.quarantined) == (15, 10, 2, 3)
+    assert result.read == result.accepted + result.duplicates + result.quarantined
+    assert result.reasons == {"read: record": 1, "validate: tool_result_answered": 1,
+                              "validate: role_allowed": 1}
+    assert len(result.new_ids) == 10 and CuratedStore(settings.paths).count() == 10
+
+    entries = list(read_quarantine(result.quarantine_file))
+    assert count_quarantined(result.quarantine_file) == 3
+    assert count_by(result.quarantine_file, "stage") == {"read": 1, "validate": 2}
+    assert set(entries[0]) == {"file", "record", "field", "reason", "raw", "stage", "at"}
+    read_entry = next(e for e in entries if e["stage"] == "read")
+    assert read_entry["raw"] == "{oops" and read_entry["record"] == 42
+    orphan = next(e for e in entries if e["record"] == 100)
+    assert orphan["field"] == "messages[2].tool_call_id" and "zzz" in orphan["reason"]
+    assert Trajectory.model_validate(json.loads(orphan["raw"])).task_id == "t100"
+    robot = next(e for e in entries if e["record"] == 101)
+    assert robot["field"] == "messages[0].role" and "robot" in robot["reason"]
+
+    validation = json.loads(result.validation_file.read_text())
+    assert validation == json.loads(json.dumps(result.validation, default=str))
+    assert validation["success"] is False and validation["n_batches"] == 3  # 12 new in batches of 4
+    failed = {c["check"] for c in validation["checks"] if not c["success"]}
+    assert failed == {"tool_result_answered", "role_allowed"}
+    assert no_temp_files(home)
+
+
+def test_reingest_changes_nothing_and_keeps_data_version(home: Path) -> None:
+    settings = config.load(home)
+    ingest_items(mixed_items(), settings, run_id="run-1")
+    version = versioning.commit_data(home, "data/curated")
+    files = {p.name: p.read_bytes() for p in settings.paths.curated.glob("*.parquet")}
+
+    again = ingest_items(mixed_items(), settings, run_id="run-2")
+    assert (again.accepted, again.duplicates, again.quarantined) == (0, 12, 3)
+    assert again.new_ids == []
+    assert {p.name: p.read_bytes() for p in settings.paths.curated.glob("*.parquet")} == files
+    assert versioning.commit_data(home, "data/curated") == version
+
+    rerun = ingest_items(mixed_items(), settings, run_id="run-1")  # same run id: its quarantine is replaced
+    assert count_quarantined(rerun.quarantine_file) == 3
+
+    more = ingest_items([traj(200), traj(3, success=True)], settings, run_id="run-3")
+    assert (more.accepted, more.duplicates) == (1, 1)
+    assert versioning.commit_data(home, "data/curated") != version
+    assert [t.task_id for t in load_trajectories(settings.paths)][-1] == "t200"
+
+
+def test_failure_mid_stream_leaves_store_untouched(home: Path) -> None:
+    settings = config.load(home)
+    ingest_items([traj(0)], settings, run_id="run-1")
+    before = {p.name: p.read_bytes() for p in settings.paths.curated.iterdir()}
+
+    def exploding() -> Iterator[ReadItem]:
+        yield traj(1)
+        yield Rejected(file="x", record=1, reason="bad", raw="?")
+        raise OSError("disk went away")
+
+    with pytest.raises(OSError, match="disk went away"):
+        ingest_items(exploding(), settings, run_id="run-2", batch_size=1)
+    assert {p.name: p.read_bytes() for p in settings.paths.curated.iterdir()} == before
+    assert not (settings.paths.quarantine / "run-2.jsonl").exists()
+    assert no_temp_files(home)
+
+
+def test_ingest_paths_reads_openai_jsonl(home: Path, tmp_path: Path) -> None:
+    tool = {"type": "function", "function": {"name": "lookup", "description": "find an order",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    good = {"task_id": "order-1", "tools": [tool], "messages": [
+        {"role": "user", "content": "where is my order?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "lookup", "arguments": "{\"id\": 7}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "shipped"},
+        {"role": "assistant", "content": "It shipped."}]}
+    unanswered = {"task_id": "order-2", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "call_9", "content": "?"}]}
+    logs = tmp_path / "raw" / "logs.jsonl"
+    logs.parent.mkdir()
+    lines = [json.dumps(good), "{not json", json.dumps(unanswered), json.dumps(good)]
+    logs.write_text("\n".join(lines) + "\n")
+    outcomes = tmp_path / "raw" / "outcomes.json"
+    outcomes.write_text(json.dumps([{"task_id": "order-1", "success": True, "reward": 1.0}]))
+
+    settings = config.load(home)
+    result = ingest_paths([logs], settings, run_id="e2e", fmt="openai", outcomes_file=outcomes)
+    assert (result.read, result.accepted, result.duplicates, result.quarantined) == (4, 1, 1, 2)
+    assert count_by(result.quarantine_file, "stage") == {"read": 1, "validate": 1}
+    [stored] = list(load_trajectories(settings.paths))
+    assert stored.task_id == "order-1" and stored.outcome.success is True
+    assert stored.messages[1].tool_calls[0].arguments == {"id": 7}
+    assert stored.source.file == str(logs)

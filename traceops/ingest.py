@@ -1,0 +1,180 @@
+"""The ingest pipeline: reader items -> dedupe -> validation -> curated store / quarantine.
+
+Items stream through in batches (params.yaml ``ingest.batch_size``, default 10,000 trajectories, and
+``ingest.batch_steps``, default 200,000 messages, whichever fills first): each trajectory is
+flattened into column lists as it arrives, and each batch is validated and appended before the next
+is read, so memory holds one batch plus the set of known ids, never the whole input. Every item
+read is accounted for: ``read == accepted + duplicates + quarantined`` is asserted on every run.
+
+The data version is not set here: the caller versions ``data/curated`` with
+``versioning.commit_data`` after a successful ingest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from traceops.config import Settings
+from traceops.errors import StageError
+from traceops.formats.base import ReadItem, Rejected
+from traceops.quarantine import QuarantineWriter
+from traceops.schema import Trajectory
+from traceops.store import AppendSession, Batch, CuratedStore, TableBuilder, trajectory_data
+from traceops.validation import Failure, Limits, RunValidation, validate_batch
+
+# One GX validation costs about 0.25 s whatever the batch size: batches must be large to amortize it.
+DEFAULT_BATCH_SIZE = 10_000
+DEFAULT_BATCH_STEPS = 200_000
+
+
+@dataclass
+class IngestResult:
+    """What one ingest run did. ``validation`` is the run's GX record (also saved as JSON)."""
+
+    run_id: str
+    read: int = 0
+    accepted: int = 0
+    duplicates: int = 0
+    quarantined: int = 0
+    quarantine_file: Path | None = None
+    validation_file: Path | None = None
+    validation: dict[str, Any] = field(default_factory=dict)
+    reasons: dict[str, int] = field(default_factory=dict)
+    new_ids: list[str] = field(default_factory=list)
+    data_version: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """Counts and paths as a JSON-ready dict (without the GX results or the id list)."""
+        return {"run_id": self.run_id, "read": self.read, "accepted": self.accepted,
+                "duplicates": self.duplicates, "quarantined": self.quarantined,
+                "quarantine_file": str(self.quarantine_file) if self.quarantine_file else None,
+                "validation_file": str(self.validation_file) if self.validation_file else None,
+                "validation_success": self.validation.get("success"), "reasons": dict(self.reasons),
+                "data_version": self.data_version}
+
+
+class _Run:
+    """State of one ingest run: the batch builder, the store session, the quarantine and the counters."""
+
+    def __init__(self, settings: Settings, run_id: str) -> None:
+        self.settings = settings
+        self.limits = Limits.from_settings(settings)
+        self.session: AppendSession = CuratedStore(settings.paths).open_append(datetime.now(UTC))
+        self.quarantine = QuarantineWriter(settings.paths.quarantine, run_id)
+        self.validation = RunValidation(run_id, self.limits)
+        self.builder = TableBuilder()
+        self.batch_ids: set[str] = set()
+        self.result = IngestResult(run_id=run_id)
+
+    def reject(self, item: Rejected) -> None:
+        self.quarantine.write_rejected(item)
+        self.result.quarantined += 1
+
+    def seen(self, trajectory_id: str) -> bool:
+        return self.session.is_known(trajectory_id) or trajectory_id in self.batch_ids
+
+    def add(self, trajectory: Trajectory) -> None:
+        self.builder.add(trajectory)
+        self.batch_ids.add(trajectory.id)
+
+    def flush(self) -> None:
+        """Validate the pending batch, quarantine its failures and append the rest to the store."""
+        if self.builder.n_trajectories == 0:
+            return
+        batch = self.builder.build()
+        checked = validate_batch(batch, self.limits)
+        self.validation.add(checked)
+        trajectories, steps = batch.trajectories, batch.steps
+        if checked.failures:
+            self._quarantine_failures(batch, checked.failures)
+            keep = np.ones(trajectories.num_rows, dtype=bool)
+            keep[list(checked.failures)] = False
+            n_steps = batch.n_steps.to_numpy(zero_copy_only=False)
+            trajectories = trajectories.filter(pa.array(keep))
+            steps = steps.filter(pa.array(np.repeat(keep, n_steps)))
+        self.result.accepted += self.session.append(trajectories, steps)
+        # Ids quarantined in this batch stay "seen": a later copy in this run is a duplicate, not news.
+        self.session.known.update(self.batch_ids)
+        self.batch_ids = set()
+
+    def _quarantine_failures(self, batch: Batch, failures: dict[int, Failure]) -> None:
+        offsets = np.concatenate([[0], np.cumsum(batch.n_steps.to_numpy(zero_copy_only=False))])
+        for i, failure in sorted(failures.items()):
+            row = batch.trajectories.slice(i, 1).to_pylist()[0]
+            steps = batch.steps.slice(int(offsets[i]), int(offsets[i + 1] - offsets[i])).to_pylist()
+            record = trajectory_data(row, steps)
+            self.quarantine.write(file=row["source_file"], record=record["source"]["record"],
+                                  field=failure.field, reason=f"{failure.check}: {failure.reason}",
+                                  raw=json.dumps(record, ensure_ascii=False, default=str), stage="validate",
+                                  kind=f"validate: {failure.check}")
+            self.result.quarantined += 1
+
+
+def ingest_items(items: Iterable[ReadItem], settings: Settings, run_id: str,
+                 batch_size: int | None = None, batch_steps: int | None = None) -> IngestResult:
+    """Ingest reader items (trajectories and rejections) into the curated store.
+
+    Duplicates (ids already stored, or repeated in this run) are counted and skipped; rejections and
+    trajectories failing the GX suite go to ``data/quarantine/<run_id>.jsonl``; the GX record goes
+    to ``data/quarantine/<run_id>.validation.json``. A batch is validated and stored when it holds
+    ``batch_size`` trajectories or ``batch_steps`` messages (params.yaml ``ingest.batch_size``,
+    ``ingest.batch_steps``). Store files are only rewritten when something new was accepted.
+    """
+    params = settings.stage("ingest")
+    size = int(batch_size or params.get("batch_size", DEFAULT_BATCH_SIZE))
+    max_steps = int(batch_steps or params.get("batch_steps", DEFAULT_BATCH_STEPS))
+    if size < 1 or max_steps < 1:
+        raise StageError(f"ingest: batch_size and batch_steps must be >= 1, got {size} and {max_steps} "
+                         "(params.yaml ingest.batch_size, ingest.batch_steps)")
+    run = _Run(settings, run_id)
+    result = run.result
+    try:
+        for item in items:
+            result.read += 1
+            if isinstance(item, Rejected):
+                run.reject(item)
+                continue
+            if not isinstance(item, Trajectory):
+                raise StageError(f"ingest: reader yielded a {type(item).__name__}, expected Trajectory or "
+                                 "Rejected; the reader breaks the formats/base.py contract")
+            if run.seen(item.id):
+                result.duplicates += 1
+                continue
+            run.add(item)
+            if run.builder.n_trajectories >= size or run.builder.n_steps >= max_steps:
+                run.flush()
+        run.flush()
+        result.new_ids = run.session.commit()
+        result.quarantine_file = run.quarantine.close()
+    except BaseException:
+        run.session.abort()
+        run.quarantine.abort()
+        raise
+    result.reasons = dict(run.quarantine.reasons)
+    result.validation = run.validation.to_dict()
+    result.validation_file = run.validation.save(settings.paths.quarantine)
+    if result.read != result.accepted + result.duplicates + result.quarantined:
+        raise StageError(f"ingest run {run_id}: read {result.read} != accepted {result.accepted} + "
+                         f"duplicates {result.duplicates} + quarantined {result.quarantined}; "
+                         "a record was lost, please report this as a bug")
+    return result
+
+
+def ingest_paths(paths: Sequence[str | Path], settings: Settings, run_id: str, fmt: str = "auto",
+                 outcomes_file: str | Path | None = None, batch_size: int | None = None) -> IngestResult:
+    """Read files (or folders) with the format readers and ingest them; see ``ingest_items``."""
+    from traceops import formats
+
+    outcomes = None
+    if outcomes_file is not None:
+        outcomes = formats.load_outcomes(Path(outcomes_file))
+    items = formats.iter_items([Path(p) for p in paths], fmt=fmt, outcomes=outcomes)
+    return ingest_items(items, settings, run_id, batch_size=batch_size)

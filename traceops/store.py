@@ -1,0 +1,423 @@
+"""The curated store: two Parquet tables under ``data/curated``, appended incrementally.
+
+``trajectories.parquet`` has one row per trajectory (nested fields as JSON text); ``steps.parquet``
+has one row per message, ``step`` being the message's 0-based position. Both tables list
+trajectories in the same order, so a reader can stream them side by side.
+
+Appends deduplicate by trajectory id (the content hash): ids already stored and repeats within the
+run are duplicates. An append session streams the old rows and the new batches into temporary files
+in the same folder and swaps them in with ``os.replace`` on commit, steps first, trajectories last;
+a trajectory row is therefore never visible without its steps. When a session adds nothing, no file
+is touched, so re-ingesting the same inputs leaves the store byte-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import TypeAdapter
+
+from traceops.config import Paths
+from traceops.errors import StageError
+from traceops.schema import Label, ToolSpec, Trajectory
+
+TRAJECTORIES_FILE = "trajectories.parquet"
+STEPS_FILE = "steps.parquet"
+_READ_BATCH = 4096
+
+# pydantic serializes whole lists in Rust: faster than model_dump per item plus a JSON encoder.
+_TOOLS_JSON = TypeAdapter(list[ToolSpec])
+_LABELS_JSON = TypeAdapter(list[Label])
+
+TRAJECTORY_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("task_id", pa.string()),
+    ("domain", pa.string()),
+    ("agent", pa.string()),
+    ("tools", pa.string()),
+    ("outcome_success", pa.bool_()),
+    ("outcome_reward", pa.float64()),
+    ("reward_breakdown", pa.string()),
+    ("source_format", pa.string()),
+    ("source_file", pa.string()),
+    ("source_record", pa.string()),
+    ("labels", pa.string()),
+    ("metadata", pa.string()),
+    ("n_steps", pa.int32()),
+    ("ingested_at", pa.timestamp("us", tz="UTC")),
+])
+
+STEP_SCHEMA = pa.schema([
+    ("trajectory_id", pa.string()),
+    ("step", pa.int32()),
+    ("role", pa.string()),
+    ("name", pa.string()),
+    ("content", pa.string()),
+    ("tool_calls", pa.string()),
+    ("tool_call_id", pa.string()),
+])
+
+
+try:  # orjson (a dependency of prefect) serializes about 5x faster than the json module
+    import orjson
+
+    def _dumps(value: Any) -> str:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode("utf-8")
+except ImportError:  # pragma: no cover - same output, slower
+    def _dumps(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass
+class Batch:
+    """A batch of trajectories as Arrow tables, ready for validation and storage.
+
+    ``trajectories`` lacks ``ingested_at`` (the append session sets it). ``steps`` lists each
+    trajectory's messages in trajectory order. ``calls`` has one row per tool call: ``t`` (the
+    trajectory's position in the batch), ``step``, ``role`` of the calling message, ``call_id`` and
+    ``args_is_object``; validation uses it to match tool results to earlier calls.
+    """
+
+    trajectories: pa.Table
+    steps: pa.Table
+    calls: pd.DataFrame
+    # The outcome values as given, before Arrow typing: validation judges their types.
+    raw_success: list[Any]
+    raw_reward: list[Any]
+
+    @property
+    def n_steps(self) -> pa.Array:
+        """Messages per trajectory, in batch order."""
+        return self.trajectories.column("n_steps").combine_chunks()
+
+
+class TableBuilder:
+    """Flattens trajectories into column lists one at a time, so no batch of models is kept."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start an empty batch."""
+        self._t: dict[str, list[Any]] = {n: [] for n in TRAJECTORY_SCHEMA.names if n != "ingested_at"}
+        # trajectory_id and step are derived in build() from n_steps: messages are stored in order.
+        self._s: dict[str, list[Any]] = {
+            n: [] for n in STEP_SCHEMA.names if n not in ("trajectory_id", "step")}
+        self._c: dict[str, list[Any]] = {"t": [], "step": [], "role": [], "call_id": [], "args_is_object": []}
+        self.n_trajectories = 0
+        self.n_steps = 0
+
+    def add(self, traj: Trajectory) -> None:
+        """Append one trajectory's rows."""
+        t_cols, s_cols, c_cols = self._t, self._s, self._c
+        outcome = traj.outcome
+        source = traj.source
+        messages = traj.messages
+        t_cols["id"].append(traj.id)
+        t_cols["task_id"].append(traj.task_id)
+        t_cols["domain"].append(traj.domain)
+        t_cols["agent"].append(traj.agent)
+        t_cols["tools"].append(_TOOLS_JSON.dump_json(traj.tools).decode("utf-8"))
+        t_cols["outcome_success"].append(outcome.success)
+        t_cols["outcome_reward"].append(outcome.reward)
+        t_cols["reward_breakdown"].append(_dumps(outcome.reward_breakdown))
+        t_cols["source_format"].append(source.format)
+        t_cols["source_file"].append(source.file)
+        t_cols["source_record"].append(str(source.record))
+        t_cols["labels"].append(_LABELS_JSON.dump_json(traj.labels).decode("utf-8") if traj.labels else "[]")
+        t_cols["metadata"].append(_dumps(traj.metadata))
+        t_cols["n_steps"].append(len(messages))
+        # Column-wise comprehensions: much cheaper than one append per field per message.
+        s_cols["role"].extend([m.role for m in messages])
+        s_cols["name"].extend([m.name for m in messages])
+        s_cols["content"].extend([m.content for m in messages])
+        s_cols["tool_call_id"].extend([m.tool_call_id for m in messages])
+        tool_calls = [m.tool_calls for m in messages]
+        position = self.n_trajectories
+        for index, calls in enumerate(tool_calls):
+            if calls is None:
+                continue
+            tool_calls[index] = _dumps([{"id": call.id, "name": call.name, "arguments": call.arguments,
+                                         "raw_arguments": call.raw_arguments} for call in calls])
+            role = messages[index].role
+            for call in calls:
+                c_cols["t"].append(position)
+                c_cols["step"].append(index)
+                c_cols["role"].append(role)
+                c_cols["call_id"].append(call.id)
+                c_cols["args_is_object"].append(isinstance(call.arguments, dict))
+        s_cols["tool_calls"].extend(tool_calls)
+        self.n_trajectories += 1
+        self.n_steps += len(messages)
+
+    def build(self) -> Batch:
+        """The batch so far as Arrow tables; the builder is reset."""
+        t_fields = [f for f in TRAJECTORY_SCHEMA if f.name != "ingested_at"]
+        trajectories = pa.Table.from_arrays([_safe_array(self._t[f.name], f.type) for f in t_fields],
+                                            schema=pa.schema(t_fields))
+        n_steps = np.asarray(self._t["n_steps"], dtype=np.int64)
+        owner = np.repeat(np.arange(len(n_steps)), n_steps)
+        starts = np.concatenate([[0], np.cumsum(n_steps)[:-1]]).astype(np.int64)
+        columns = {
+            "trajectory_id": trajectories.column("id").take(pa.array(owner, type=pa.int64())),
+            "step": pa.array(np.arange(len(owner), dtype=np.int64) - starts[owner], type=pa.int32()),
+        }
+        columns.update({name: _safe_array(values, STEP_SCHEMA.field(name).type)
+                        for name, values in self._s.items()})
+        batch = Batch(
+            trajectories=trajectories,
+            steps=pa.Table.from_arrays([columns[name] for name in STEP_SCHEMA.names], schema=STEP_SCHEMA),
+            calls=pd.DataFrame(self._c),
+            raw_success=self._t["outcome_success"],
+            raw_reward=self._t["outcome_reward"],
+        )
+        self.reset()
+        return batch
+
+
+def _safe_array(values: list[Any], type_: pa.DataType) -> pa.Array:
+    """``pa.array`` that turns values of the wrong type into nulls instead of raising."""
+    try:
+        return pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+        return pa.array([v if _fits(v, type_) else None for v in values], type=type_)
+
+
+def _fits(value: Any, type_: pa.DataType) -> bool:
+    try:
+        pa.array([value], type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+        return False
+    return True
+
+
+def to_batch(trajectories: Iterable[Trajectory]) -> Batch:
+    """Flatten trajectories into one Batch."""
+    builder = TableBuilder()
+    for traj in trajectories:
+        builder.add(traj)
+    return builder.build()
+
+
+class CuratedStore:
+    """The two curated tables of one home."""
+
+    def __init__(self, paths: Paths) -> None:
+        self.folder = paths.curated
+        self.trajectories_path = self.folder / TRAJECTORIES_FILE
+        self.steps_path = self.folder / STEPS_FILE
+
+    def exists(self) -> bool:
+        """True when both tables have been written."""
+        return self.trajectories_path.exists() and self.steps_path.exists()
+
+    def ids(self) -> set[str]:
+        """Every stored trajectory id; reads only the id column."""
+        if not self.trajectories_path.exists():
+            return set()
+        return set(pq.read_table(self.trajectories_path, columns=["id"]).column("id").to_pylist())
+
+    def count(self) -> int:
+        """Number of stored trajectories, from the Parquet footer."""
+        if not self.trajectories_path.exists():
+            return 0
+        return pq.ParquetFile(self.trajectories_path).metadata.num_rows
+
+    def open_append(self, ingested_at: datetime | None = None) -> AppendSession:
+        """Start an append session; commit it to make its rows visible."""
+        return AppendSession(self, ingested_at or datetime.now(UTC))
+
+
+class AppendSession:
+    """Streams new rows after the existing ones into temp files; ``commit`` swaps them in atomically."""
+
+    def __init__(self, store: CuratedStore, ingested_at: datetime) -> None:
+        self.store = store
+        self.ingested_at = ingested_at
+        self.known: set[str] = store.ids()
+        self.new_ids: list[str] = []
+        self._writers: dict[str, tuple[pq.ParquetWriter, Path]] = {}
+
+    def is_known(self, trajectory_id: str) -> bool:
+        """True when the id is stored already or was appended earlier in this session."""
+        return trajectory_id in self.known
+
+    def _open(self) -> None:
+        """Open the temp writers and copy the existing rows in; steps of unknown ids are dropped."""
+        self.store.folder.mkdir(parents=True, exist_ok=True)
+        stored = (pq.read_table(self.store.trajectories_path, columns=["id"]).column("id")
+                  if self.store.trajectories_path.exists() else pa.array([], type=pa.string()))
+        for key, path, schema, id_col in (
+            ("trajectories", self.store.trajectories_path, TRAJECTORY_SCHEMA, "id"),
+            ("steps", self.store.steps_path, STEP_SCHEMA, "trajectory_id"),
+        ):
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.store.folder)
+            os.close(fd)
+            writer = pq.ParquetWriter(tmp, schema, compression="zstd")
+            self._writers[key] = (writer, Path(tmp))
+            if path.exists():
+                for batch in pq.ParquetFile(path).iter_batches(batch_size=65536):
+                    table = pa.Table.from_batches([batch]).cast(schema)
+                    if key == "steps":
+                        # Rows left by an interrupted commit (steps swapped, trajectories not) are orphans.
+                        table = table.filter(pc.is_in(table.column(id_col), value_set=stored))
+                    writer.write_table(table)
+
+    def append(self, trajectories: pa.Table, steps: pa.Table) -> int:
+        """Append validated, deduplicated rows (a Batch's tables); returns the number of trajectories."""
+        if trajectories.num_rows == 0:
+            return 0
+        ids = trajectories.column("id").to_pylist()
+        clash = [tid for tid in ids if tid in self.known]
+        if clash or len(set(ids)) != len(ids):
+            raise StageError(f"store: append got ids already stored or repeated ({clash[:3]}); "
+                             "deduplicate with is_known() before appending")
+        stamp_field = TRAJECTORY_SCHEMA.field("ingested_at")
+        stamp = pa.array([self.ingested_at] * trajectories.num_rows, type=stamp_field.type)
+        if "ingested_at" in trajectories.column_names:
+            trajectories = trajectories.drop_columns(["ingested_at"])
+        trajectories = trajectories.append_column(stamp_field, stamp)
+        if not self._writers:
+            self._open()
+        self._writers["steps"][0].write_table(steps.select(STEP_SCHEMA.names).cast(STEP_SCHEMA))
+        self._writers["trajectories"][0].write_table(
+            trajectories.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA))
+        self.known.update(ids)
+        self.new_ids.extend(ids)
+        return len(ids)
+
+    def commit(self) -> list[str]:
+        """Swap the new tables in (steps first); a session that added nothing writes nothing."""
+        if not self._writers:
+            return []
+        for writer, _ in self._writers.values():
+            writer.close()
+        os.replace(self._writers["steps"][1], self.store.steps_path)
+        os.replace(self._writers["trajectories"][1], self.store.trajectories_path)
+        self._writers = {}
+        return list(self.new_ids)
+
+    def abort(self) -> None:
+        """Drop the temp files; the store is left as it was."""
+        for writer, tmp in self._writers.values():
+            writer.close()
+            tmp.unlink(missing_ok=True)
+        self._writers = {}
+
+    def __enter__(self) -> AppendSession:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def append_trajectories(paths: Paths, trajectories: Iterable[Trajectory],
+                        ingested_at: datetime | None = None) -> tuple[list[str], int]:
+    """Append trajectories without validation (already-trusted data); returns (new ids, duplicates)."""
+    session = CuratedStore(paths).open_append(ingested_at)
+    fresh: list[Trajectory] = []
+    duplicates = 0
+    seen: set[str] = set()
+    for traj in trajectories:
+        if session.is_known(traj.id) or traj.id in seen:
+            duplicates += 1
+            continue
+        seen.add(traj.id)
+        fresh.append(traj)
+    with session:
+        batch = to_batch(fresh)
+        session.append(batch.trajectories, batch.steps)
+    return session.new_ids, duplicates
+
+
+def load_tables(paths: Paths) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The trajectories and steps tables as DataFrames (empty, with the right columns, when absent)."""
+    store = CuratedStore(paths)
+    if not store.exists():
+        return (TRAJECTORY_SCHEMA.empty_table().to_pandas(), STEP_SCHEMA.empty_table().to_pandas())
+    return (pq.read_table(store.trajectories_path).to_pandas(), pq.read_table(store.steps_path).to_pandas())
+
+
+def _loads(text: str | None, default: Any) -> Any:
+    return default if text is None else json.loads(text)
+
+
+def _step_groups(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Consecutive runs of step rows with the same trajectory id, streamed."""
+    current: str | None = None
+    rows: list[dict[str, Any]] = []
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=_READ_BATCH * 8):
+        for row in batch.to_pylist():
+            if row["trajectory_id"] != current:
+                if current is not None:
+                    yield current, rows
+                current, rows = row["trajectory_id"], []
+            rows.append(row)
+    if current is not None:
+        yield current, rows
+
+
+def _message(row: dict[str, Any]) -> dict[str, Any]:
+    return {"role": row["role"], "name": row["name"], "content": row["content"],
+            "tool_calls": _loads(row["tool_calls"], None), "tool_call_id": row["tool_call_id"]}
+
+
+def trajectory_data(row: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """A trajectory (as the dict ``Trajectory.model_validate`` takes) from its table rows."""
+    record = row["source_record"]
+    return {
+        "id": row["id"],
+        "task_id": row["task_id"],
+        "domain": row["domain"],
+        "agent": row["agent"],
+        "tools": _loads(row["tools"], []),
+        "messages": [_message(step) for step in steps],
+        "outcome": {"success": row["outcome_success"], "reward": row["outcome_reward"],
+                    "reward_breakdown": _loads(row["reward_breakdown"], {})},
+        "source": {"format": row["source_format"], "file": row["source_file"],
+                   "record": int(record) if record.isdigit() else record},
+        "labels": _loads(row["labels"], []),
+        "metadata": _loads(row["metadata"], {}),
+    }
+
+
+def load_trajectories(paths: Paths, ids: Iterable[str] | None = None) -> Iterator[Trajectory]:
+    """Stream stored trajectories (all, or those in ``ids``) in store order, batch by batch."""
+    store = CuratedStore(paths)
+    if not store.exists():
+        return
+    wanted = set(ids) if ids is not None else None
+    groups = _step_groups(store.steps_path)
+    pending = next(groups, None)
+    for batch in pq.ParquetFile(store.trajectories_path).iter_batches(batch_size=_READ_BATCH):
+        for row in batch.to_pylist():
+            tid = row["id"]
+            steps: list[dict[str, Any]] = []
+            if row["n_steps"]:
+                # Steps are stored in trajectory order; skip groups of other ids (orphaned rows).
+                while pending is not None and pending[0] != tid:
+                    pending = next(groups, None)
+                if pending is not None:
+                    steps = pending[1]
+                    pending = next(groups, None)
+            if wanted is not None and tid not in wanted:
+                continue
+            if len(steps) != row["n_steps"]:
+                raise StageError(f"store: {store.steps_path} holds {len(steps)} steps for trajectory {tid}, "
+                                 f"expected {row['n_steps']}; restore data/curated with `dvc checkout`")
+            yield Trajectory.model_validate(trajectory_data(row, steps))
