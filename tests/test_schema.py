@@ -1,0 +1,39 @@
+"""The trajectory contract: content-hash ids, strict fields, canonical JSON."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from traceops.hashing import canonical_json, content_hash
+from traceops.schema import Message, Outcome, Source, ToolCall, Trajectory
+
+
+def make(source_file: str = "a.jsonl", reward: float = 1.0) -> Trajectory:
+    return Trajectory(
+        task_id="t1",
+        messages=[Message(role="user", content="cancel #W1"),
+                  Message(role="assistant", tool_calls=[ToolCall(id="c1", name="cancel", arguments={"id": 1})]),
+                  Message(role="tool", tool_call_id="c1", content="ok")],
+        outcome=Outcome(success=True, reward=reward),
+        source=Source(format="openai", file=source_file, record=1),
+    )
+
+
+def test_id_is_a_content_hash_independent_of_source() -> None:
+    assert make("a.jsonl").id == make("b.jsonl").id
+    assert len(make().id) == 16
+    assert make(reward=0.5).id != make().id
+
+
+def test_equal_numbers_hash_equally_and_keys_sort() -> None:
+    assert canonical_json({"b": 1.0, "a": [2, float("nan")]}) == '{"a":[2,null],"b":1}'
+    assert content_hash({"x": 3}) == content_hash({"x": 3.0})
+
+
+def test_unknown_role_and_extra_fields_are_rejected() -> None:
+    with pytest.raises(ValidationError) as info:
+        Message(role="wizard", content="hi")
+    assert "role" in str(info.value)
+    with pytest.raises(ValidationError):
+        Outcome(success=True, surprise=1)
