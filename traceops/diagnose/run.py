@@ -1,0 +1,292 @@
+"""``diagnose``: trajectories -> detectors -> labels -> contrastive selection -> attribution -> clusters.
+
+Pure: reads nothing, writes nothing (unless an LLM labeler is given a cache folder). Files are
+``outputs.write_outputs``' job.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from traceops.diagnose.attribution import Attribution, ReplayFn, attribute, counterfactual
+from traceops.diagnose.capabilities import BUILTIN, CAPABILITIES
+from traceops.diagnose.clustering import Clustering, ClusterParams, cluster_failures
+from traceops.diagnose.detectors import detect
+from traceops.diagnose.label_embed import EmbeddingLabeler
+from traceops.diagnose.label_llm import LLMLabeler
+from traceops.diagnose.label_rule import RuleLabeler
+from traceops.diagnose.labels import Analyzed, Labeler, LabelSet
+from traceops.diagnose.segments import render_message
+from traceops.diagnose.selection import Selection, SelectionParams, select
+from traceops.diagnose.view import build_view
+from traceops.errors import ConfigError
+from traceops.model.base import ChatModel
+from traceops.schema import Trajectory
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON types: numpy scalars unwrapped, tuples as lists, NaN/inf as None."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if hasattr(value, "tolist"):
+        return jsonable(value.tolist())
+    return str(value)
+
+
+@dataclass(frozen=True)
+class DiagnoseParams:
+    """Everything ``diagnose`` can be tuned with (``params.yaml`` stage ``diagnose``)."""
+
+    selection: SelectionParams = field(default_factory=SelectionParams)
+    clusters: ClusterParams = field(default_factory=ClusterParams)
+    capabilities: tuple[str, ...] = BUILTIN
+    min_severity: float = 0.5
+    attribution_strategy: str = "confidence"
+    combine: str = "first"  # "first": the first labeler drives selection; "any": LACKING if any says so
+    cluster: bool = True
+    validate_clusters: bool = True
+    examples_per_capability: int = 3
+    embedding_backend: str = "auto"
+    llm_runs: int = 3
+    llm_cache_dir: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None, seed: int | None = None) -> DiagnoseParams:
+        """Build from a params.yaml mapping; nested ``selection`` and ``clusters`` mappings allowed."""
+        data = dict(data or {})
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"params.yaml diagnose: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        sel = dict(data.pop("selection", None) or {})
+        clu = dict(data.pop("clusters", None) or {})
+        if seed is not None:
+            sel.setdefault("seed", seed)
+            clu.setdefault("seed", seed)
+        try:
+            if "covered" in clu:
+                clu["covered"] = tuple(clu["covered"])
+            if "capabilities" in data:
+                data["capabilities"] = tuple(data["capabilities"])
+            return cls(selection=SelectionParams(**sel), clusters=ClusterParams(**clu), **data)
+        except TypeError as exc:
+            raise ConfigError(
+                f"params.yaml diagnose: {exc}; see traceops/diagnose/run.py DiagnoseParams"
+            ) from exc
+
+
+@dataclass
+class Diagnosis:
+    """The result of one diagnosis: scores, selection, attributions, clusters, examples, warnings."""
+
+    capabilities: list[str]
+    selection: Selection
+    by_labeler: dict[str, Selection]
+    label_costs: dict[str, dict[str, Any]]
+    attributions: list[Attribution]
+    clustering: Clustering | None
+    examples: dict[str, list[dict[str, Any]]]
+    counts: dict[str, int]
+    hit_counts: dict[str, int]
+    warnings: list[str]
+    seed: int
+    params: DiagnoseParams
+
+    @property
+    def selected(self) -> list[str]:
+        return self.selection.selected
+
+    def summary(self, report: str | Path | None = None) -> dict[str, Any]:
+        """The CLI's ``--json`` object: selected capabilities with their statistics and the report path."""
+        return {
+            "selected": [
+                {
+                    "capability": s.capability,
+                    "coverage": s.coverage,
+                    "delta": s.delta,
+                    "ci": list(s.ci) if s.ci else None,
+                    "p_value": s.p_value,
+                    "stable_runs": s.stable_runs,
+                }
+                for s in self.selection.scores
+                if s.selected
+            ],
+            "report": str(report) if report is not None else None,
+        }
+
+    def capabilities_json(self) -> dict[str, Any]:
+        """The content of ``capabilities.json`` (plain JSON types; NaN becomes null)."""
+        by_cap = {s.capability: s for s in self.selection.scores}
+        return jsonable(
+            {
+                "mode": self.selection.mode,
+                "selected": [
+                    {
+                        **by_cap[c].to_dict(),
+                        "description": CAPABILITIES.get(c, ""),
+                        "examples": self.examples.get(c, []),
+                    }
+                    for c in self.selected
+                ],
+                "scores": [s.to_dict() for s in self.selection.scores],
+                "by_labeler": {
+                    name: {"selected": sel.selected, "scores": [s.to_dict() for s in sel.scores]}
+                    for name, sel in self.by_labeler.items()
+                },
+                "candidates": self.clustering.candidates if self.clustering else [],
+                "clusters": None
+                if self.clustering is None
+                else {
+                    "backend": self.clustering.backend,
+                    "silhouette": self.clustering.silhouette,
+                    "noise_share": self.clustering.noise_share,
+                    "valid": self.clustering.valid,
+                    "validation_failures": self.clustering.validation_failures,
+                    "table": self.clustering.clusters.to_dict(orient="records"),
+                },
+                "counts": self.counts,
+                "hit_counts": self.hit_counts,
+                "labeler_costs": self.label_costs,
+                "warnings": self.warnings,
+                "seed": self.seed,
+            }
+        )
+
+
+def _labeler(spec: str | Labeler, params: DiagnoseParams, chat_model: ChatModel | None, seed: int) -> Labeler:
+    if not isinstance(spec, str):
+        return spec
+    if spec == "rule":
+        return RuleLabeler(min_severity=params.min_severity)
+    if spec in ("embedding", "embed"):
+        return EmbeddingLabeler(backend=params.embedding_backend, min_severity=params.min_severity)
+    if spec == "llm":
+        if chat_model is None:
+            raise ConfigError(
+                "labeler 'llm' needs a chat model: pass chat_model= (an OpenAI-compatible backend)"
+            )
+        cache = Path(params.llm_cache_dir) if params.llm_cache_dir else None
+        return LLMLabeler(chat_model, runs=params.llm_runs, seed=seed, cache_dir=cache)
+    raise ConfigError(f"unknown labeler {spec!r}: use 'rule', 'embedding' or 'llm'")
+
+
+def _example(item: Analyzed, att: Attribution, window: int = 3) -> dict[str, Any]:
+    msgs = item.trajectory.messages
+    center = att.step if att.step is not None else len(msgs) - 1
+    lo, hi = max(0, center - window), min(len(msgs), center + 2)
+    return {
+        "trajectory_id": att.trajectory_id,
+        "task_id": att.task_id,
+        "step": att.step,
+        "evidence": att.evidence,
+        "confidence": att.confidence,
+        "messages": [
+            {"step": i, "text": render_message(msgs[i], 500), "decisive": i == att.step}
+            for i in range(lo, hi)
+        ],
+    }
+
+
+def _combine(sets: list[LabelSet], ids: list[str], caps: list[str], how: str) -> list[np.ndarray]:
+    mats = [[ls.lacking(r, ids, caps) for r in range(len(ls.runs))] for ls in sets]
+    if how == "first" or len(mats) == 1:
+        return mats[0]
+    if how != "any":
+        raise ConfigError(f"params diagnose.combine={how!r}: use 'first' or 'any'")
+    n = max(len(m) for m in mats)
+    return [np.logical_or.reduce([m[min(r, len(m) - 1)] for m in mats]) for r in range(n)]
+
+
+def diagnose(
+    trajectories: Iterable[Trajectory],
+    params: DiagnoseParams | None = None,
+    labelers: Sequence[str | Labeler] = ("rule",),
+    seed: int = 0,
+    replay_fn: ReplayFn | None = None,
+    chat_model: ChatModel | None = None,
+) -> Diagnosis:
+    """Diagnose capability gaps in ``trajectories`` (see the module and DESIGN.md)."""
+    p = params or DiagnoseParams()
+    if p.selection.seed != seed or p.clusters.seed != seed:
+        p = replace(p, selection=replace(p.selection, seed=seed), clusters=replace(p.clusters, seed=seed))
+    if not labelers:
+        raise ConfigError("diagnose needs at least one labeler ('rule', 'embedding' or 'llm')")
+    if p.attribution_strategy not in ("confidence", "earliest"):
+        raise ConfigError(
+            f"params diagnose.attribution_strategy={p.attribution_strategy!r}: use 'confidence' or 'earliest'"
+        )
+    if p.combine not in ("first", "any"):
+        raise ConfigError(f"params diagnose.combine={p.combine!r}: use 'first' or 'any'")
+    caps = list(p.capabilities)
+    items = []
+    for t in trajectories:
+        view = build_view(t)
+        items.append(Analyzed(t, view, tuple(detect(t, view, p.min_severity))))
+    ids = [it.trajectory.id for it in items]
+    outcomes = [it.trajectory.outcome.success for it in items]
+    sets = [_labeler(spec, p, chat_model, seed).label(items, caps) for spec in labelers]
+    by_labeler = {
+        ls.labeler: select(
+            [ls.lacking(r, ids, caps) for r in range(len(ls.runs))], outcomes, caps, p.selection
+        )
+        for ls in sets
+    }
+    selection = select(_combine(sets, ids, caps, p.combine), outcomes, caps, p.selection)
+    chosen = set(selection.selected)
+    attributions = []
+    for it in items:
+        if it.trajectory.outcome.success is False:
+            att = attribute(it, chosen, p.attribution_strategy, p.min_severity)
+            if replay_fn is not None:
+                att = replace(att, counterfactual_flip=counterfactual(it.trajectory, att.step, replay_fn))
+            attributions.append(att)
+    clustering = (
+        cluster_failures(items, attributions, p.clusters, p.validate_clusters)
+        if p.cluster and attributions
+        else None
+    )
+    by_id = {it.trajectory.id: it for it in items}
+    examples: dict[str, list[dict[str, Any]]] = {}
+    for att in sorted(attributions, key=lambda a: -a.confidence):
+        if att.capability and len(examples.setdefault(att.capability, [])) < p.examples_per_capability:
+            examples[att.capability].append(_example(by_id[att.trajectory_id], att))
+    hit_counts: dict[str, int] = {}
+    for it in items:
+        for hit in it.hits:
+            hit_counts[hit.detector] = hit_counts.get(hit.detector, 0) + 1
+    counts = {
+        "trajectories": len(items),
+        "failures": sum(o is False for o in outcomes),
+        "successes": sum(o is True for o in outcomes),
+        "no_outcome": sum(o is None for o in outcomes),
+        "attributed": sum(a.step is not None for a in attributions),
+    }
+    warnings = list(selection.warnings) + (clustering.warnings if clustering else [])
+    return Diagnosis(
+        caps,
+        selection,
+        by_labeler,
+        {ls.labeler: {**ls.cost, **ls.meta, "runs": len(ls.runs)} for ls in sets},
+        attributions,
+        clustering,
+        examples,
+        counts,
+        hit_counts,
+        warnings,
+        seed,
+        p,
+    )
