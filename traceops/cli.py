@@ -14,7 +14,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from traceops.errors import TraceopsError
+from traceops.errors import ConfigError, TraceopsError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Turn an agent's recurring failures into capability-targeted training.")
@@ -74,6 +74,37 @@ def ingest(
         fail(exc, as_json)
         return
     emit(result, as_json, "ingest")
+
+
+LABELER_SETS = {"offline": ("rule",), "llm": ("rule", "llm")}
+
+
+@app.command()
+def diagnose(
+    labelers: str = typer.Option("offline", "--labelers", help="offline (rule-based) | llm (rule + LLM)"),
+    llm_model: str | None = typer.Option(None, "--llm-model",
+                                         help="LLM labeler model: http(s)://host/v1#model or a folder."),
+    home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Find the capability gaps behind recurring failures; write capabilities.json and report.html."""
+    from flows import runtime
+
+    try:
+        if labelers not in LABELER_SETS:
+            raise ConfigError(f"--labelers must be one of {sorted(LABELER_SETS)}, got '{labelers}'")
+        if labelers == "llm" and not llm_model:
+            raise ConfigError("--labelers llm needs --llm-model (an OpenAI-compatible URL#model or a folder)")
+        settings = runtime.prepare(home)
+        from flows.diagnose import diagnose_flow
+
+        with runtime.home_lock(settings):
+            result = diagnose_flow(home=str(settings.paths.home), labelers=LABELER_SETS[labelers],
+                                   llm_model=llm_model)
+    except TraceopsError as exc:
+        fail(exc, as_json)
+        return
+    emit({"selected": result["selected"], "report": result["report"]}, as_json, "diagnose")
 
 
 @app.command()

@@ -1,0 +1,225 @@
+"""A self-contained HTML page comparing models: inline SVG bar charts and tables, nothing fetched.
+
+Every text that comes from data (model names, capability ids, reasons) is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from traceops.evaluation.report import EvalReport
+
+PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#76b7b2",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
+th:first-child,td:first-child{text-align:left}.pass{color:#1a7f37}.fail{color:#c62828}
+svg text{font-size:11px}"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def grouped_bars(
+    groups: Sequence[str],
+    series: Sequence[str],
+    values: Mapping[tuple[str, str], float | None],
+    title: str,
+    plot: float = 160.0,
+) -> str:
+    """An SVG grouped bar chart of values in [0, 1]: one group per ``groups`` item, one bar per series,
+    ``plot`` pixels high. Missing values draw no bar and are marked "n/a"; each bar's tooltip (its SVG
+    ``title``) gives the exact value."""
+    bar, gap, top = 14, 18, 28
+    group_width = max(len(series), 1) * bar + gap
+    # Group labels are rotated -30 degrees: leave room for the longest one below and to the left.
+    longest = max((len(str(g)) for g in groups), default=0) * 6.5
+    left = max(44.0, longest * 0.87 - group_width / 2 + 12)
+    axis = top + plot
+    legend_top = axis + longest * 0.5 + 36
+    width = max(left + len(groups) * group_width + 20, left + len(title) * 6.5 + 10)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" '
+        f'height="{legend_top + 20 * len(series):.0f}" role="img" aria-label="{_e(title)}">',
+        f'<text x="{left:.1f}" y="16" font-weight="bold">{_e(title)}</text>',
+    ]
+    for tick in (0.0, 0.25, 0.5, 0.75, 1.0):
+        y = top + plot * (1 - tick)
+        parts.append(
+            f'<line x1="{left:.1f}" x2="{width - 10:.1f}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e0e0e0"/>'
+        )
+        parts.append(f'<text x="{left - 4:.1f}" y="{y + 4:.1f}" text-anchor="end">{tick:.2f}</text>')
+    for g, group in enumerate(groups):
+        x0 = left + g * group_width + gap / 2
+        for s, name in enumerate(series):
+            value = values.get((group, name))
+            x = x0 + s * bar
+            if value is None:
+                parts.append(
+                    f'<text x="{x + bar / 2:.1f}" y="{axis - 2:.1f}" text-anchor="middle" '
+                    f'font-size="8" fill="#999">n/a</text>'
+                )
+                continue
+            h = plot * max(0.0, min(1.0, float(value)))
+            parts.append(
+                f'<rect x="{x:.1f}" y="{axis - h:.1f}" width="{bar - 2}" height="{h:.1f}" '
+                f'fill="{PALETTE[s % len(PALETTE)]}"><title>{_e(name)} / {_e(group)}: '
+                f"{value:.3f}</title></rect>"
+            )
+        cx, ly = x0 + len(series) * bar / 2, axis + 12
+        parts.append(
+            f'<text x="{cx:.1f}" y="{ly:.1f}" text-anchor="end" '
+            f'transform="rotate(-30 {cx:.1f} {ly:.1f})">{_e(group)}</text>'
+        )
+    for s, name in enumerate(series):
+        y = legend_top + 20 * s
+        parts.append(
+            f'<rect x="{left:.1f}" y="{y - 10:.1f}" width="12" height="12" '
+            f'fill="{PALETTE[s % len(PALETTE)]}"/>'
+        )
+        parts.append(f'<text x="{left + 18:.1f}" y="{y:.1f}">{_e(name)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def _summary_table(reports: Mapping[str, EvalReport]) -> str:
+    head = (
+        "model",
+        "model id",
+        "success (macro)",
+        "success (micro)",
+        "pass^k",
+        "k",
+        "mean reward",
+        "re-failure",
+        "repeat-failure",
+        "replayed",
+        "not replayable",
+        "skipped capabilities",
+    )
+    rows = []
+    for name, report in reports.items():
+        row = report.to_dict()
+        skipped = ", ".join(sorted(report.envs.skipped)) if report.envs else ""
+        cells = (
+            name,
+            report.model_id,
+            _fmt(row["success.overall"]),
+            _fmt(row["success.micro"]),
+            _fmt(row["pass_k"]),
+            row["k"] if row["k"] is not None else "n/a",
+            _fmt(row["mean_reward.overall"]),
+            _fmt(row["refailure_rate"]),
+            _fmt(row["repeat_failure_rate"]),
+            row["replay.replayed"] if row["replay.replayed"] is not None else "n/a",
+            row["replay.not_replayable"] if row["replay.not_replayable"] is not None else "n/a",
+            skipped or "-",
+        )
+        rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    return "<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
+
+
+def _regression_table(reports: Mapping[str, EvalReport]) -> str:
+    rows = []
+    for name, report in reports.items():
+        reg = report.regression
+        if not reg or not reg.get("capabilities"):
+            continue
+        for capability, row in sorted(reg["capabilities"].items()):
+            delta = row["delta"]
+            css = "fail" if delta is not None and delta < 0 else "pass"
+            rows.append(
+                f"<tr><td>{_e(name)}</td><td>{_e(capability)}</td><td>{_fmt(row['champion'])}</td>"
+                f'<td>{_fmt(row["candidate"])}</td><td class="{css}">{_fmt(delta)}</td></tr>'
+            )
+    if not rows:
+        return "<p>No champion to compare with.</p>"
+    return (
+        "<table><tr><th>model</th><th>capability</th><th>champion</th><th>candidate</th><th>delta</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def _decision_section(decision: Any) -> str:
+    data = decision.to_dict() if hasattr(decision, "to_dict") else dict(decision)
+    verdict = "promoted to" if data["promote"] else "kept as"
+    css = "pass" if data["promote"] else "fail"
+    reasons = "".join(f"<li>{_e(r)}</li>" for r in data.get("reasons", []))
+    checks = "".join(
+        f'<tr><td>{_e(name)}</td><td class="{"pass" if c["passed"] else "fail"}">'
+        f"{'passed' if c['passed'] else 'failed'}</td><td>{_e(_fmt(c.get('value')))}</td>"
+        f"<td>{_e(_fmt(c.get('threshold')))}</td></tr>"
+        for name, c in data.get("checks", {}).items()
+    )
+    return (
+        f'<h2>Promotion</h2><p class="{css}">Candidate {verdict} <b>{_e(data["alias"])}</b>.</p>'
+        f"<ul>{reasons}</ul><table><tr><th>check</th><th>result</th><th>value</th><th>threshold</th></tr>"
+        f"{checks}</table>"
+    )
+
+
+def render_eval_html(
+    reports: Mapping[str, EvalReport],
+    out: str | Path,
+    decision: Any = None,
+    title: str = "traceops evaluation",
+) -> Path:
+    """Write the comparison page of ``reports`` (name -> report, in display order) to ``out``.
+
+    Charts: success per capability per model (plus the macro overall), and the re-failure and
+    repeat-failure rates of the logged failures per model (before: the base model; after: each trained
+    model). ``decision`` (a ``promote.Decision``) adds the promotion verdict, reasons and checks.
+    """
+    names = list(reports)
+    capabilities = sorted({c for r in reports.values() for c in r.success})
+    groups = [*capabilities, "overall"]
+    success: dict[tuple[str, str], float | None] = {}
+    for name, report in reports.items():
+        for capability in capabilities:
+            success[(capability, name)] = report.success.get(capability)
+        success[("overall", name)] = report.success_overall
+    replay_groups = ["re-failure", "repeat-failure (same gap)"]
+    replay: dict[tuple[str, str], float | None] = {}
+    for name, report in reports.items():
+        replay[(replay_groups[0], name)] = report.refailure_rate
+        replay[(replay_groups[1], name)] = report.repeat_failure_rate
+    body = [
+        f"<h1>{_e(title)}</h1>",
+        "<h2>Held-out environments</h2>",
+        grouped_bars(groups, names, success, "success rate per capability"),
+        "<h2>Logged failures, replayed</h2>",
+        grouped_bars(replay_groups, names, replay, "re-failure and repeat-failure rate (lower is better)"),
+        "<h2>Summary</h2>",
+        _summary_table(reports),
+        "<h2>Regression against the champion</h2>",
+        _regression_table(reports),
+    ]
+    if decision is not None:
+        body.append(_decision_section(decision))
+    page = (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+        f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path

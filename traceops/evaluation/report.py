@@ -1,0 +1,153 @@
+"""One model's evaluation (held-out environments + replay of logged failures) and its regression
+against the champion, as JSON and as flat MLflow metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from traceops.evaluation.metrics import EnvEval
+from traceops.evaluation.replay import ReplayEval
+
+
+def regression(candidate: EnvEval, champion: EnvEval | None) -> dict[str, Any]:
+    """Per-capability success deltas (candidate - champion) on the capabilities both were evaluated on.
+
+    ``overall`` compares macro success over those shared capabilities only, so a capability added
+    tonight does not move the comparison; ``new`` and ``missing`` list the others. ``worst`` is the
+    largest drop (most negative delta). Without a champion every comparison is None.
+    """
+    if champion is None:
+        return {
+            "champion_model_id": None,
+            "capabilities": {},
+            "shared": [],
+            "new": sorted(candidate.capabilities),
+            "missing": [],
+            "overall": None,
+            "worst": None,
+        }
+    shared = sorted(set(candidate.capabilities) & set(champion.capabilities))
+    rows: dict[str, dict[str, float | None]] = {}
+    for capability in shared:
+        mine, theirs = candidate.capabilities[capability].success, champion.capabilities[capability].success
+        delta = mine - theirs if mine is not None and theirs is not None else None
+        rows[capability] = {"candidate": mine, "champion": theirs, "delta": delta}
+    mine_all, theirs_all = candidate.success_on(shared), champion.success_on(shared)
+    overall = None
+    if mine_all is not None and theirs_all is not None:
+        overall = {"candidate": mine_all, "champion": theirs_all, "delta": mine_all - theirs_all}
+    deltas = [(r["delta"], c) for c, r in rows.items() if r["delta"] is not None]
+    worst = None
+    if deltas:
+        delta, capability = min(deltas)
+        worst = {"capability": capability, "delta": delta}
+    return {
+        "champion_model_id": champion.model_id,
+        "capabilities": rows,
+        "shared": shared,
+        "new": sorted(set(candidate.capabilities) - set(champion.capabilities)),
+        "missing": sorted(set(champion.capabilities) - set(candidate.capabilities)),
+        "overall": overall,
+        "worst": worst,
+    }
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """Everything measured for one model: ``name`` is its role tonight (``base``, ``adapter.<capability>``,
+    ``composite``, ``generic_lora``), ``envs`` the held-out environments, ``replay`` the logged failures,
+    ``regression`` the comparison with the champion (``regression()``), when there is one."""
+
+    name: str
+    model_id: str
+    weights_hash: str = ""
+    envs: EnvEval | None = None
+    replay: ReplayEval | None = None
+    regression: dict[str, Any] | None = None
+
+    @property
+    def success_overall(self) -> float | None:
+        return self.envs.success_overall if self.envs else None
+
+    @property
+    def success(self) -> dict[str, float | None]:
+        return self.envs.success if self.envs else {}
+
+    @property
+    def repeat_failure_rate(self) -> float | None:
+        return self.replay.repeat_failure_rate if self.replay else None
+
+    @property
+    def refailure_rate(self) -> float | None:
+        return self.replay.refailure_rate if self.replay else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat JSON-able summary: ``model``, ``model_id`` and ``weights_hash``, then every metric
+        (``success.<capability>``, ``success.overall``, ``pass_k``, ``repeat_failure_rate``, ...);
+        a metric that was not measured is None."""
+        out: dict[str, Any] = {
+            "model": self.name,
+            "model_id": self.model_id,
+            "weights_hash": self.weights_hash,
+        }
+        envs, replay, reg = self.envs, self.replay, self.regression
+        out["success.overall"] = envs.success_overall if envs else None
+        out["success.micro"] = envs.success_micro if envs else None
+        out["mean_reward.overall"] = envs.mean_reward if envs else None
+        out["pass_k"] = envs.pass_k if envs else None
+        out["k"] = envs.k if envs else None
+        out["trials"] = envs.trials if envs else None
+        out["capabilities.evaluated"] = len(envs.capabilities) if envs else None
+        out["capabilities.skipped"] = len(envs.skipped) if envs else None
+        for capability, result in sorted((envs.capabilities if envs else {}).items()):
+            out[f"success.{capability}"] = result.success
+            out[f"mean_reward.{capability}"] = result.mean_reward
+            out[f"pass_k.{capability}"] = result.pass_k
+            out[f"tasks.{capability}"] = result.n_tasks
+        out["repeat_failure_rate"] = replay.repeat_failure_rate if replay else None
+        out["refailure_rate"] = replay.refailure_rate if replay else None
+        out["replay.success"] = replay.success_rate if replay else None
+        out["replay.replayed"] = replay.replayed if replay else None
+        out["replay.not_replayable"] = len(replay.not_replayable) if replay else None
+        for capability, row in (replay.by_capability() if replay else {}).items():
+            out[f"repeat_failure_rate.{capability}"] = row["repeat_failure_rate"]
+        if reg is not None:
+            out["regression.overall"] = reg["overall"]["delta"] if reg.get("overall") else None
+            out["regression.worst"] = reg["worst"]["delta"] if reg.get("worst") else None
+            for capability, row in sorted(reg.get("capabilities", {}).items()):
+                out[f"regression.{capability}"] = row["delta"]
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """The numeric entries of ``to_dict`` that were measured: what ``mlflow.log_metrics`` takes."""
+        return {
+            k: float(v)
+            for k, v in self.to_dict().items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+
+    def details(self) -> dict[str, Any]:
+        """Full JSON-able record (per-task rewards and replays); ``from_details`` reads it back."""
+        return {
+            "name": self.name,
+            "model_id": self.model_id,
+            "weights_hash": self.weights_hash,
+            "envs": self.envs.to_dict() if self.envs else None,
+            "replay": self.replay.to_dict() if self.replay else None,
+            "regression": self.regression,
+            "summary": self.to_dict(),
+        }
+
+    @classmethod
+    def from_details(cls, data: Mapping[str, Any]) -> EvalReport:
+        """Inverse of ``details`` (replay trajectories are not kept)."""
+        return cls(
+            name=str(data["name"]),
+            model_id=str(data["model_id"]),
+            weights_hash=str(data.get("weights_hash") or ""),
+            envs=EnvEval.from_dict(data["envs"]) if data.get("envs") else None,
+            replay=ReplayEval.from_dict(data["replay"]) if data.get("replay") else None,
+            regression=dict(data["regression"]) if data.get("regression") else None,
+        )
