@@ -12,9 +12,11 @@ from traceops.schema import Message, Outcome, Source, ToolCall, Trajectory
 def make(source_file: str = "a.jsonl", reward: float = 1.0) -> Trajectory:
     return Trajectory(
         task_id="t1",
-        messages=[Message(role="user", content="cancel #W1"),
-                  Message(role="assistant", tool_calls=[ToolCall(id="c1", name="cancel", arguments={"id": 1})]),
-                  Message(role="tool", tool_call_id="c1", content="ok")],
+        messages=[
+            Message(role="user", content="cancel #W1"),
+            Message(role="assistant", tool_calls=[ToolCall(id="c1", name="cancel", arguments={"id": 1})]),
+            Message(role="tool", tool_call_id="c1", content="ok"),
+        ],
         outcome=Outcome(success=True, reward=reward),
         source=Source(format="openai", file=source_file, record=1),
     )

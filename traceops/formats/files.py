@@ -13,6 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from traceops.formats.base import MAX_RECORD_BYTES, Rejected
 
 # A whole-document format (tau2 results, SWE trajectories, OTel exports) is read at once; past this
@@ -92,6 +94,16 @@ def iter_json_lines(path: Path) -> Iterator[tuple[int, Any, str] | Rejected]:
             if not stripped:
                 continue
             seen = True
+            # orjson first (about 2x json.loads here); it also rejects invalid UTF-8, so a line it
+            # accepts decodes. Anything it refuses takes the json path below, which either accepts it
+            # (NaN, big integers, lone surrogate escapes) or explains precisely why not.
+            try:
+                value = orjson.loads(stripped)
+            except orjson.JSONDecodeError:
+                pass
+            else:
+                yield number, value, stripped.decode("utf-8")
+                continue
             try:
                 text = stripped.decode("utf-8")
             except UnicodeDecodeError as error:
