@@ -108,6 +108,35 @@ def diagnose(
 
 
 @app.command()
+def synthesize(
+    capability: list[str] | None = typer.Option(None, "--capability", help="Only these capabilities."),
+    n_train: int | None = typer.Option(None, "--n-train", help="Training tasks per capability."),
+    calibrate: str | None = typer.Option(None, "--calibrate",
+                                         help="Measure this model's success per level (e.g. embedded)."),
+    home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Generate verifiable training environments for the diagnosed capabilities; version them with DVC."""
+    from flows import runtime
+
+    try:
+        if n_train is not None and n_train < 1:
+            raise ConfigError(f"--n-train must be at least 1, got {n_train}")
+        settings = runtime.prepare(home)
+        from flows.synthesize import synthesize_flow
+
+        with runtime.home_lock(settings):
+            result = synthesize_flow(home=str(settings.paths.home), capabilities=capability or None,
+                                     calibrate_model=calibrate,
+                                     overrides={"train_size": n_train} if n_train else None)
+    except TraceopsError as exc:
+        fail(exc, as_json)
+        return
+    emit({"environments": result["environments"], "env_version": result["env_version"],
+          "skipped": result["skipped"]}, as_json, "synthesize")
+
+
+@app.command()
 def serve(
     model: str = typer.Argument("embedded", help="embedded | a local HF folder | http(s)://host/v1#model"),
     host: str = typer.Option("127.0.0.1", "--host"),

@@ -1,0 +1,98 @@
+"""Prefect tasks for the synthesize stage: one environment family per selected capability."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tasks.cache import CACHED
+from tasks.retry import retry_unless_user_error
+from tasks.tracking import stage_run
+from traceops import config, registry, versioning
+from traceops.envs.calibration import agent_episodes
+from traceops.envs.synthesize import synthesize
+from traceops.errors import StageError
+from traceops.model import load_model
+from traceops.store import load_trajectories
+
+ENVIRONMENTS = "data/environments"
+
+
+def selected_capabilities(diagnosis_dir: Path) -> list[str]:
+    """The capabilities the last diagnosis selected (capabilities.json), in rank order."""
+    path = diagnosis_dir / "capabilities.json"
+    if not path.exists():
+        raise StageError(f"synthesize: {path} is missing; run `traceops diagnose` first")
+    doc = json.loads(path.read_text())
+    return [row["capability"] for row in doc.get("selected", [])]
+
+
+def environments_exist(result: dict[str, Any]) -> bool:
+    """Whether the environment folders a synthesize result names are still on disk."""
+    root = Path(result.get("out_dir", ""))
+    wanted = result.get("capabilities", [])
+    return root.is_dir() and all((root / c / "manifest.json").exists() for c in wanted)
+
+
+def _swap_in(fresh: Path, target: Path) -> None:
+    """Replace ``target`` by ``fresh`` so that no stale capability folder of an earlier night survives."""
+    old = target.with_name(target.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        target.rename(old)
+    fresh.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@task(name="synthesize", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
+      **CACHED)
+def synthesize_task(key: str, capabilities: list[str], home: str | None = None,
+                    calibrate_model: str | None = None, diagnosis_run: str | None = None,
+                    parent_run_id: str | None = None,
+                    overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Generate, self-test (and optionally calibrate) environments; version them with DVC.
+
+    ``key`` (diagnosis + data version + parameters) is the cache key, so unchanged inputs are not
+    synthesized twice; the output is byte-identical for the same inputs, so the env_version is stable.
+    """
+    import mlflow
+
+    settings = config.load(home)
+    params = {**settings.stage("synthesize"), **(overrides or {})}
+    seed = int(params.pop("seed", 0))
+    paths = settings.paths
+    with stage_run(settings, "synthesize", parent_run_id,
+                   params={"capabilities": ",".join(capabilities), "seed": seed,
+                           "calibrate_model": calibrate_model}) as run:
+        trajectories = list(load_trajectories(paths))
+        episodes = None
+        if calibrate_model:
+            model = load_model(calibrate_model)
+            episodes = lambda family: agent_episodes(model, family)  # noqa: E731 - one-line factory
+        fresh = paths.data / ".environments.new"
+        shutil.rmtree(fresh, ignore_errors=True)
+        result = synthesize(capabilities, trajectories, fresh, params, seed=seed, episodes=episodes)
+        _swap_in(fresh, paths.environments)
+        env_version = versioning.commit_data(paths.home, ENVIRONMENTS)
+        mlflow.set_tag(registry.TAG_ENV_VERSION, env_version)
+        mlflow.set_tag(registry.TAG_DIAGNOSIS_RUN, diagnosis_run or "")
+        for capability, manifest in result.manifests.items():
+            tests = manifest["self_tests"]
+            mlflow.log_metric(f"self_tests_passed.{capability}", float(bool(tests["passed"])))
+            for split in ("train", "val", "test"):
+                mlflow.log_metric(f"tasks.{capability}.{split}", manifest["counts"][split])
+            registry.log_json(manifest, f"manifests/{capability}.json")
+        registry.log_json(result.skipped, "skipped.json")
+    summary = result.to_dict()
+    environments = [
+        {"capability": c, **{s: m["counts"].get(s, 0) for s in ("train", "val", "test")},
+         "self_tests_passed": bool(m["self_tests"]["passed"])}
+        for c, m in sorted(result.manifests.items())
+    ]
+    return {"environments": environments, "env_version": env_version, "skipped": result.skipped,
+            "capabilities": summary["capabilities"], "out_dir": str(paths.environments),
+            "mlflow_run": run.info.run_id}
