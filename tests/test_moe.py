@@ -1,0 +1,262 @@
+"""Correctness of the stacked MoE-LoRA on a random-init tiny Llama with real PEFT adapters."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from traceops.errors import ConfigError, InputError
+from traceops.moe import build_moe, load_moe, read_config, save_moe
+from traceops.moe.layer import moe_lora_delta
+from traceops.moe.router import masked_mean, topk_gate
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# name -> (rank, alpha, rslora): different ranks exercise padding, rsLoRA a different scaling rule.
+ADAPTERS = {"alpha": (4, 8, False), "beta": (8, 16, False), "gamma": (2, 4, True)}
+VOCAB = 96
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return LlamaForCausalLM(config).eval()
+
+
+def make_adapter(base: LlamaForCausalLM, folder: Path, rank: int, alpha: int, rslora: bool, seed: int,
+                 targets: list[str] = TARGETS, **extra: object) -> Path:
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, use_rslora=rslora, lora_dropout=0.0,
+                        **extra)
+    peft_model = get_peft_model(copy.deepcopy(base), config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name or "lora_A" in name:  # B starts at zero in PEFT: make every delta real
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    peft_model.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def base() -> LlamaForCausalLM:
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def adapters(base: LlamaForCausalLM, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("adapters")
+    return {name: make_adapter(base, root / name, r, a, rs, seed=i)
+            for i, (name, (r, a, rs)) in enumerate(ADAPTERS.items())}
+
+
+def prompt_ids(batch: int = 2, length: int = 7, seed: int = 1) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def randomize_routers(moe, seed: int = 3, std: float = 1.0) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in moe.router_parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * std)
+
+
+def test_single_expert_with_gate_one_equals_peft_lora(base, adapters):
+    moe = build_moe(copy.deepcopy(base), adapters)
+    ids = prompt_ids()
+    for name, folder in adapters.items():
+        reference = PeftModel.from_pretrained(copy.deepcopy(base), str(folder)).eval()
+        with torch.no_grad():
+            expected = reference(input_ids=ids).logits
+            with moe.forced({name: 1.0}):
+                got = moe(input_ids=ids).logits
+        assert (got - expected).abs().max().item() < 1e-5, name
+    with torch.no_grad(), moe.forced({}):  # all weight on the null expert: the base model itself
+        assert (moe(input_ids=ids).logits - base(input_ids=ids).logits).abs().max().item() < 1e-5
+
+
+def _peft_delta(folder: Path, module: str, x: torch.Tensor) -> torch.Tensor:
+    """A LoRA delta computed straight from the adapter files, independently of traceops."""
+    config = json.loads((folder / "adapter_config.json").read_text())
+    tensors = load_file(str(folder / "adapter_model.safetensors"))
+    a = tensors[f"base_model.model.{module}.lora_A.weight"]
+    b = tensors[f"base_model.model.{module}.lora_B.weight"]
+    rank = a.shape[0]
+    scale = config["lora_alpha"] / (math.sqrt(rank) if config["use_rslora"] else rank)
+    return x @ a.T @ b.T * scale
+
+
+@pytest.mark.parametrize("null_expert", [False, True])
+def test_top_k_equal_to_all_experts_is_the_dense_weighted_sum(base, adapters, null_expert):
+    experts = len(adapters) + int(null_expert)
+    moe = build_moe(copy.deepcopy(base), adapters, top_k=experts, null_expert=null_expert)
+    randomize_routers(moe)
+    router = moe.routers["model.layers.1"]
+    hidden = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        gate = router.route(hidden)
+        assert torch.allclose(gate, router.logits(hidden).softmax(-1), atol=1e-6)
+        for module in ("model.layers.1.self_attn.v_proj", "model.layers.1.mlp.down_proj"):
+            layer = moe.layers[module]
+            x = torch.randn(2, 5, layer.in_features, generator=torch.Generator().manual_seed(6))
+            expected = layer.base(x) + sum(gate[..., i:i + 1] * _peft_delta(folder, module, x)
+                                           for i, folder in enumerate(adapters.values()))
+            assert (layer(x) - expected).abs().max().item() < 1e-5
+
+
+def test_top_k_gate_is_static_and_renormalized():
+    logits = torch.tensor([[0.1, 2.0, -1.0, 1.0]])
+    gate = topk_gate(logits, 2)
+    assert gate.shape == logits.shape
+    assert torch.count_nonzero(gate).item() == 2
+    assert torch.allclose(gate.sum(-1), torch.ones(1))
+    assert gate[0, 1] > gate[0, 3] > 0 and gate[0, 0] == 0 and gate[0, 2] == 0
+
+
+def test_generation_routes_like_the_full_forward_and_matches_without_cache(base, adapters):
+    moe = build_moe(copy.deepcopy(base), adapters, top_k=2)
+    randomize_routers(moe)
+    ids = prompt_ids(batch=2, length=6)
+    settings = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True,
+                    return_dict_in_generate=True)
+    with torch.no_grad():
+        with moe.trace() as gen_trace:
+            cached = moe.generate(ids, attention_mask=torch.ones_like(ids), use_cache=True, **settings)
+        uncached = moe.generate(ids, attention_mask=torch.ones_like(ids), use_cache=False, **settings)
+        assert torch.equal(cached.sequences, uncached.sequences)
+        full_ids = cached.sequences
+        with moe.trace() as full_trace:
+            full = moe(input_ids=full_ids, attention_mask=torch.ones_like(full_ids)).logits
+    # Step logits: incremental decoding with KV cache equals one full-sequence forward.
+    for step, logits in enumerate(cached.logits):
+        assert (logits - full[:, ids.shape[1] - 1 + step]).abs().max().item() < 1e-5
+    # Routing: every position's gate in every layer is the same in both paths.
+    assert len(gen_trace.calls) == 6 and gen_trace.calls[1].past_length == ids.shape[1]
+    full_gates = full_trace.calls[0].gates
+    for call in gen_trace.calls:
+        for layer, gate in call.gates.items():
+            span = full_gates[layer][:, call.past_length: call.past_length + call.length]
+            assert torch.equal(gate > 0, span > 0)
+            assert (gate - span).abs().max().item() < 1e-5
+    summary = gen_trace.summary()
+    assert summary["tokens"] == 2 * (6 + 5)
+    shares = [v for k, v in summary.items() if k.startswith("share/")]
+    assert abs(sum(shares) - 1.0) < 1e-6
+    assert abs(sum(v for k, v in summary.items() if k.startswith("selected/")) - 2.0) < 1e-6
+    records = gen_trace.tokens()
+    assert len(records) == 2 * (6 + 5)
+    assert all(len(layer["experts"]) == 2 and abs(sum(layer["weights"]) - 1) < 1e-5
+               for r in records for layer in r["layers"])
+
+
+def test_request_mode_keeps_the_prompt_decision_while_decoding(base, adapters):
+    moe = build_moe(copy.deepcopy(base), adapters, top_k=2, mode="request")
+    randomize_routers(moe)
+    ids = prompt_ids(batch=2, length=6)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # left padding must not enter the prompt decision
+    with torch.no_grad():
+        with moe.trace() as trace:
+            moe.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        with moe.collect_logits() as logits:
+            moe(input_ids=ids, attention_mask=mask)
+    for layer, prompt_logits in logits.items():
+        expected = topk_gate(masked_mean(prompt_logits, mask), 2)
+        for call in trace.calls:
+            gate = call.gates[layer]
+            assert torch.allclose(gate, expected[:, None, :].expand_as(gate), atol=1e-6)
+    assert trace.summary()["tokens"] == 2 * (6 + 3) - 2
+
+
+class _SyncCounter(TorchDispatchMode):
+    """Counts the aten ops that force a device->host sync or give data-dependent shapes."""
+
+    SYNC = ("_local_scalar_dense", "nonzero", "masked_select", "index_select", "item")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(name in str(func) for name in self.SYNC):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mode", ["token", "request"])
+def test_forward_adds_no_host_sync_or_dynamic_shapes(base, adapters, mode):
+    moe = build_moe(copy.deepcopy(base), adapters, mode=mode)
+    ids = prompt_ids()
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        with _SyncCounter() as base_ops:
+            base(input_ids=ids, attention_mask=mask)
+        with _SyncCounter() as moe_ops:
+            moe(input_ids=ids, attention_mask=mask)
+    assert moe_ops.count == base_ops.count
+
+
+def test_router_and_layer_compile_as_one_graph(base, adapters):
+    moe = build_moe(copy.deepcopy(base), adapters)
+    router = moe.routers["model.layers.0"]
+    layer = moe.layers["model.layers.0.self_attn.q_proj"]
+
+    def step(hidden: torch.Tensor, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        logits = router.logits(hidden)
+        token_gate = topk_gate(logits, 2)
+        request_gate = topk_gate(masked_mean(logits, mask), 2)[:, None, :]
+        gate = (token_gate + request_gate)[..., :3].unsqueeze(-1)
+        return layer.base(x) + moe_lora_delta(x, layer.lora_A, layer.lora_B, gate)
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    hidden, x = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
+    mask = torch.ones(2, 5)
+    with torch.no_grad():
+        assert torch.allclose(compiled(hidden, x, mask), step(hidden, x, mask), atol=1e-6)
+
+
+def test_save_load_round_trip_gives_identical_logits(base, adapters, tmp_path):
+    moe = build_moe(copy.deepcopy(base), adapters, top_k=2)
+    randomize_routers(moe, seed=11)
+    folder = save_moe(moe, tmp_path / "composite")
+    assert sorted(p.name for p in folder.iterdir()) == ["moe_config.json", "moe_model.safetensors"]
+    loaded = load_moe(copy.deepcopy(base), folder)
+    assert read_config(folder).to_dict() == moe.config.to_dict()
+    assert loaded.config.ranks == {"alpha": 4, "beta": 8, "gamma": 2} and loaded.config.rank == 8
+    ids = prompt_ids()
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, moe(input_ids=ids).logits)
+
+
+def test_remove_restores_the_base_model(base, adapters):
+    model = copy.deepcopy(base)
+    moe = build_moe(model, adapters)
+    ids = prompt_ids()
+    restored = moe.remove()
+    with torch.no_grad():
+        assert torch.equal(restored(input_ids=ids).logits, base(input_ids=ids).logits)
+    assert not any("moe_router" in name for name, _ in restored.named_modules())
+
+
+def test_build_rejects_incompatible_adapters(base, adapters, tmp_path):
+    other = make_adapter(base, tmp_path / "qv", 4, 8, False, seed=9, targets=["q_proj", "v_proj"])
+    with pytest.raises(ConfigError, match="different modules"):
+        build_moe(copy.deepcopy(base), {**adapters, "qv": other})
+    dora = make_adapter(base, tmp_path / "dora", 4, 8, False, seed=9, use_dora=True)
+    with pytest.raises(InputError, match="use_dora"):
+        build_moe(copy.deepcopy(base), {"dora": dora})
+    with pytest.raises(InputError, match="adapter_config.json"):
+        build_moe(copy.deepcopy(base), {"empty": tmp_path})
+    with pytest.raises(ConfigError, match="reserved"):
+        build_moe(copy.deepcopy(base), {"null": adapters["alpha"]})
+    with pytest.raises(ConfigError, match="top_k"):
+        build_moe(copy.deepcopy(base), adapters, top_k=5)

@@ -1,0 +1,33 @@
+"""Stacked MoE-LoRA: capability adapters mixed per token by a small router over a frozen base.
+
+``build_moe`` wraps a base model with PEFT adapter folders, ``fit_router`` trains the routers,
+``save_moe``/``load_moe`` persist the composite, ``MoEModel.trace`` records routing for MLflow.
+"""
+
+from traceops.moe.build import build_moe, read_adapter
+from traceops.moe.config import NULL_EXPERT, MoEConfig
+from traceops.moe.fit import FitConfig, FitResult, fit_router
+from traceops.moe.io import load_moe, read_config, save_moe
+from traceops.moe.layer import MoELoRALinear
+from traceops.moe.model import MoEModel
+from traceops.moe.router import BlockRouter, RoutingState, topk_gate
+from traceops.moe.trace import RoutingTrace
+
+__all__ = [
+    "NULL_EXPERT",
+    "BlockRouter",
+    "FitConfig",
+    "FitResult",
+    "MoEConfig",
+    "MoELoRALinear",
+    "MoEModel",
+    "RoutingState",
+    "RoutingTrace",
+    "build_moe",
+    "fit_router",
+    "load_moe",
+    "read_adapter",
+    "read_config",
+    "save_moe",
+    "topk_gate",
+]

@@ -1,0 +1,194 @@
+"""The per-block token router: block input -> dense top-k gate over the experts (+ the null expert).
+
+One ``BlockRouter`` per decoder block is shared by every wrapped linear of that block. It runs once
+per block forward (from a forward pre-hook on the decoder layer), so the seven projections of a
+block pay for one small matmul, not seven. Everything here has static shapes and no host sync:
+top-k gives fixed-size indices, the gate is a dense ``[..., E']`` tensor with zeros for the experts
+not selected, so the layers need no gather or ``nonzero``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from traceops.errors import ConfigError
+
+if TYPE_CHECKING:
+    from traceops.moe.trace import RoutingTrace
+
+MODES = ("token", "request")
+
+
+def topk_gate(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Dense gate from router logits: softmax renormalized over the top ``k``, zeros elsewhere."""
+    values, indices = logits.topk(k, dim=-1)
+    return torch.zeros_like(logits).scatter(-1, indices, values.softmax(dim=-1))
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of ``values [B, T, D]`` over T, counting only positions where ``mask [B, T]`` is 1."""
+    if mask is None:
+        return values.mean(dim=1)
+    weights = mask.to(values.dtype).unsqueeze(-1)
+    return (values * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+
+
+def load_balance_loss(logits: torch.Tensor, gate: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Switch-Transformer auxiliary loss ``E * sum_i f_i * P_i`` over the tokens where ``mask`` is 1.
+
+    ``f_i`` is the share of routing slots given to expert i (from the top-k gate, not differentiable),
+    ``P_i`` the mean router probability of expert i. It is 1.0 when routing is uniform.
+    """
+    num = logits.shape[-1]
+    probs = logits.float().softmax(dim=-1).reshape(-1, num)
+    chosen = (gate.detach() > 0).float().reshape(-1, num)
+    if mask is not None:
+        keep = mask.reshape(-1, 1).float()
+        probs, chosen = probs * keep, chosen * keep
+        count = keep.sum().clamp_min(1.0)
+    else:
+        count = torch.tensor(float(probs.shape[0]), device=probs.device)
+    share = chosen.sum(dim=0) / (chosen.sum().clamp_min(1.0))
+    mean_prob = probs.sum(dim=0) / count
+    return num * (share * mean_prob).sum()
+
+
+def router_z_loss(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """ST-MoE router z-loss: mean squared log-sum-exp of the logits (keeps them small and stable)."""
+    z = torch.logsumexp(logits.float(), dim=-1).pow(2)
+    if mask is None:
+        return z.mean()
+    keep = mask.to(z.dtype)
+    return (z * keep).sum() / keep.sum().clamp_min(1.0)
+
+
+@dataclass
+class RoutingState:
+    """What the model-level hook tells every router about the current forward call.
+
+    ``prefill`` is True when no tokens are cached yet (a full forward or generation's first step);
+    ``token_mask`` is the attention mask of the positions in this call (``[B, T]``) when the caller
+    gave one. ``forced`` (over the E real experts) bypasses the routers; ``collect`` receives each
+    block's router logits (for fitting); ``recorder`` receives each block's gate (for traces).
+    """
+
+    mode: str = "token"
+    top_k: int = 2
+    prefill: bool = True
+    past_length: int = 0
+    token_mask: torch.Tensor | None = None
+    forced: torch.Tensor | None = None
+    collect: dict[int, torch.Tensor] | None = None
+    recorder: RoutingTrace | None = None
+
+
+def _rms(hidden: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    # Parameter-free RMS norm: the residual stream's scale grows with depth; the router should not care.
+    return hidden * torch.rsqrt(hidden.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+class BlockRouter(nn.Module):
+    """Router of one decoder block: ``Linear(hidden -> E (+1 null))`` on the RMS-normalized block input.
+
+    After ``route(hidden)`` the block's wrapped linears read ``expert_gate``: the gate over the E real
+    experts as ``[B, T, E, 1]`` in the hidden dtype, ready to broadcast over the rank dimension.
+    """
+
+    def __init__(self, hidden_size: int, num_experts: int, null_expert: bool, layer_index: int,
+                 state: RoutingState) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.null_expert = null_expert
+        self.layer_index = layer_index
+        self.proj = nn.Linear(hidden_size, num_experts + int(null_expert), bias=False, dtype=torch.float32)
+        self.state = state
+        self.expert_gate: torch.Tensor | None = None
+        self.request_gate: torch.Tensor | None = None
+
+    @property
+    def num_choices(self) -> int:
+        """Number of router outputs: the experts plus the null expert when there is one."""
+        return self.num_experts + int(self.null_expert)
+
+    def reset_parameters(self, generator: torch.Generator, std: float = 0.02) -> None:
+        """Seeded small normal init (zero mean): an untrained router spreads tokens almost evenly."""
+        with torch.no_grad():
+            weight = torch.randn(self.proj.weight.shape, generator=generator) * std
+            self.proj.weight.copy_(weight.to(self.proj.weight.device))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Router logits ``[..., E']`` of a block input, computed in the router's (float32) dtype."""
+        return self.proj(_rms(hidden.to(self.proj.weight.dtype)))
+
+    def gate(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Dense gate ``[B, T, E']`` for a block input under the current mode and state (no side effects
+        other than the request-mode decision buffer, set at prefill)."""
+        state = self.state
+        if state.forced is not None:
+            return self._forced_gate(hidden)
+        logits = self.logits(hidden)
+        if state.collect is not None:
+            state.collect[self.layer_index] = logits
+        k = min(state.top_k, self.num_choices)
+        if state.mode == "token":
+            return topk_gate(logits, k)
+        batch = hidden.shape[0]
+        if state.prefill or self.request_gate is None or self.request_gate.shape[0] != batch:
+            # TRACE-style: one decision per sequence from the prompt, kept fixed while decoding.
+            pooled = masked_mean(logits, state.token_mask)
+            self.request_gate = topk_gate(pooled, k)
+        return self.request_gate.unsqueeze(1).expand(batch, hidden.shape[1], -1)
+
+    def _forced_gate(self, hidden: torch.Tensor) -> torch.Tensor:
+        forced = self.state.forced
+        if forced is None:
+            raise ConfigError("forced routing was requested without a gate; use MoEModel.forced(weights)")
+        forced = forced.to(device=hidden.device, dtype=torch.float32)
+        while forced.dim() < 3:
+            forced = forced.unsqueeze(0)
+        forced = forced.expand(hidden.shape[0], hidden.shape[1], -1)
+        if self.null_expert:
+            # Whatever weight the experts do not take goes to the base (null expert).
+            rest = (1.0 - forced.sum(dim=-1, keepdim=True)).clamp_min(0.0)
+            forced = torch.cat([forced, rest], dim=-1)
+        return forced
+
+    def route(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Compute the gate for ``hidden``, publish ``expert_gate`` for the block's linears, return it."""
+        gate = self.gate(hidden)
+        if self.state.recorder is not None:
+            self.state.recorder.add(self.layer_index, gate)
+        self.expert_gate = gate[..., : self.num_experts].to(hidden.dtype).unsqueeze(-1)
+        return gate
+
+    def extra_repr(self) -> str:
+        return f"layer={self.layer_index}, experts={self.num_experts}, null_expert={self.null_expert}"
+
+
+def forced_gate_tensor(weights: torch.Tensor | dict[str, float], experts: list[str]) -> torch.Tensor:
+    """A forced gate over the real experts from a tensor (``[E]``, ``[B, E]`` or ``[B, T, E]``) or a
+    mapping of expert name to weight (missing experts get 0)."""
+    if isinstance(weights, torch.Tensor):
+        return weights.float()
+    gate = torch.zeros(len(experts))
+    for name, value in weights.items():
+        if name not in experts:
+            raise ConfigError(f"forced routing names expert '{name}', which is not one of {experts}")
+        gate[experts.index(name)] = float(value)
+    return gate
+
+
+__all__ = [
+    "MODES",
+    "BlockRouter",
+    "RoutingState",
+    "forced_gate_tensor",
+    "load_balance_loss",
+    "masked_mean",
+    "router_z_loss",
+    "topk_gate",
+]
