@@ -30,6 +30,7 @@ def prepare(home: str | Path | None = None) -> config.Settings:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
     for noisy in ("mlflow", "alembic", "great_expectations", "dvc", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -137,6 +137,50 @@ def synthesize(
 
 
 @app.command()
+def run(
+    logs: list[Path] | None = typer.Option(None, "--logs", help="Log folders or files (default: data/raw)."),
+    outcomes: Path | None = typer.Option(None, "--outcomes", help="Side file mapping task ids to outcomes."),
+    calibrate: str | None = typer.Option(None, "--calibrate",
+                                         help="Calibrate environments on this model (e.g. embedded)."),
+    wait: float = typer.Option(0.0, "--wait", help="Seconds to wait for another run to release the home."),
+    home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Run the nightly flow once, in process: ingest, diagnose, synthesize."""
+    from flows import runtime
+
+    try:
+        settings = runtime.prepare(home)
+        paths = [str(p) for p in (logs or [settings.paths.raw])]
+        from traceops.formats.detect import check_paths
+
+        check_paths(paths)
+        from flows.nightly import nightly_flow
+
+        with runtime.home_lock(settings, wait_s=wait):
+            result = nightly_flow(logs=paths, home=str(settings.paths.home),
+                                  outcomes=str(outcomes) if outcomes else None, calibrate_model=calibrate)
+    except TraceopsError as exc:
+        fail(exc, as_json)
+        return
+    if not as_json:
+        from rich.markdown import Markdown
+
+        from flows.nightly import night_summary_markdown
+
+        Console().print(Markdown(night_summary_markdown(result)))
+        Console().print(f"Report: {result['diagnose']['report']}\n"
+                        f"MLflow UI: mlflow ui --backend-store-uri {settings.paths.mlflow_uri}\n"
+                        f"Prefect UI: PREFECT_HOME={settings.paths.prefect_home} prefect server start")
+        return
+    emit({"seconds": result["seconds"], "data_version": result["ingest"]["data_version"],
+          "selected": [r["capability"] for r in result["diagnose"]["selected"]],
+          "environments": result["synthesize"]["environments"],
+          "env_version": result["synthesize"]["env_version"], "report": result["diagnose"]["report"],
+          "mlflow_run": result["mlflow_run"]}, True)
+
+
+@app.command()
 def serve(
     model: str = typer.Argument("embedded", help="embedded | a local HF folder | http(s)://host/v1#model"),
     host: str = typer.Option("127.0.0.1", "--host"),
