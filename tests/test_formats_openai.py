@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from traceops.formats import Rejected, iter_items, trajectory_to_record, write_jsonl
+from traceops.formats.common import trajectory_id
 from traceops.formats.openai import OpenAIReader
-from traceops.schema import Label, Message, Outcome, Source, ToolCall, ToolSpec, Trajectory
+from traceops.schema import Label, Message, Outcome, Source, ToolCall, ToolSpec, Trajectory, trajectory_hash
 
 FIXTURES = Path(__file__).parent / "fixtures" / "formats" / "openai"
 
@@ -135,3 +139,39 @@ def test_written_file_is_detected_as_openai(tmp_path: Path) -> None:
     write_jsonl([_rich_trajectory()], path)
     (item,) = list(iter_items([tmp_path]))
     assert isinstance(item, Trajectory) and item.source.format == "openai"
+
+
+# Integral floats past 2**64 make hashing.canonical_bytes raise (reported); the reader rejects them.
+_FLOATS = st.floats(min_value=-1e15, max_value=1e15) | st.sampled_from([float("nan"), float("inf")])
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | _FLOATS
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8)
+
+
+@settings(max_examples=80, deadline=None)
+@given(arguments=st.dictionaries(st.text(max_size=4), _JSON, max_size=3),
+       parameters=st.dictionaries(st.text(max_size=4), _JSON, max_size=3),
+       metadata=st.dictionaries(st.text(max_size=4), _JSON, max_size=3),
+       reward=st.none() | _FLOATS | st.integers(-5, 5),
+       breakdown=st.dictionaries(st.text(max_size=3), st.floats(-1e15, 1e15), max_size=2),
+       content=st.none() | st.text(max_size=8))
+def test_reader_ids_equal_the_schema_hash(arguments: dict, parameters: dict, metadata: dict,
+                                          reward: float | None, breakdown: dict, content: str | None) -> None:
+    traj = Trajectory(
+        task_id="t", tools=[ToolSpec(name="f", parameters=parameters)], metadata=metadata,
+        messages=[Message(role="user", content=content),
+                  Message(role="assistant", tool_calls=[ToolCall(id="c", name="f", arguments=arguments)])],
+        outcome=Outcome(success=False, reward=reward, reward_breakdown=breakdown),
+        labels=[Label(source="rule", capability="x", step=1)],
+        source=Source(format="openai", file="f", record=1))
+    assert trajectory_id(traj) == trajectory_hash(traj) == traj.id
+
+
+def test_out_of_range_number_is_rejected_not_raised(tmp_path: Path) -> None:
+    path = tmp_path / "big.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                "outcome": {"reward": 1.8446744073709552e19}}) + "\n")
+    (item,) = _read(path)
+    assert isinstance(item, Rejected) and "content hash" in item.reason and item.record == 1

@@ -142,3 +142,32 @@ def test_ingest_paths_reads_openai_jsonl(home: Path, tmp_path: Path) -> None:
     assert stored.task_id == "order-1" and stored.outcome.success is True
     assert stored.messages[1].tool_calls[0].arguments == {"id": 7}
     assert stored.source.file == str(logs)
+
+
+def test_parallel_read_matches_serial(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    raw = tmp_path / "raw"
+    (raw / "day2").mkdir(parents=True)
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    for k in range(5):
+        lines = [json.dumps({**good, "task_id": f"t{k}-{j}"}) for j in range(4)]
+        lines += [json.dumps({**good, "task_id": "t0-0"}),  # a duplicate across files
+                  "{broken", json.dumps({"task_id": "x", "messages": [{"role": "robot"}]})]
+        (raw / ("day2" if k % 2 else "") / f"part-{k}.jsonl").write_text("\n".join(lines) + "\n")
+    results = {}
+    for workers in (1, 2):
+        home = tmp_path / f"home{workers}"
+        home.mkdir()
+        settings = config.load(home)
+        result = ingest_paths([raw], settings, run_id="run", workers=workers)
+        tables = {name: pq.read_table(settings.paths.curated / name).drop_columns(
+                      [c for c in ("ingested_at",) if name == "trajectories.parquet"]).to_pylist()
+                  for name in ("trajectories.parquet", "steps.parquet")}
+        entries = read_quarantine(result.quarantine_file)
+        quarantine = [{k: v for k, v in e.items() if k != "at"} for e in entries]
+        results[workers] = (result.summary() | {"quarantine_file": None, "validation_file": None},
+                            result.new_ids, tables, quarantine)
+    assert results[1][0]["accepted"] == 20 and results[1][0]["duplicates"] == 5
+    assert results[1][0]["quarantined"] == 10
+    assert results[1] == results[2]

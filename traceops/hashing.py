@@ -22,7 +22,7 @@ def _normalize(value: Any) -> Any:
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             return None
-        if value.is_integer():
+        if value.is_integer() and abs(value) < 2**63:  # larger ints would not fit JSON's int64
             return int(value)
         return round(value, 12)
     if isinstance(value, dict):

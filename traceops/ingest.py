@@ -6,6 +6,10 @@ flattened into column lists as it arrives, and each batch is validated and appen
 is read, so memory holds one batch plus the set of known ids, never the whole input. Every item
 read is accounted for: ``read == accepted + duplicates + quarantined`` is asserted on every run.
 
+``ingest_paths`` reads files in ``ingest.workers`` processes (default min(2, CPUs)); workers ship
+flattened rows (``store.FlatTrajectory``), consumed in file order, so the outcome does not depend
+on the worker count.
+
 The data version is not set here: the caller versions ``data/curated`` with
 ``versioning.commit_data`` after a successful ingest.
 """
@@ -27,7 +31,15 @@ from traceops.errors import StageError
 from traceops.formats.base import ReadItem, Rejected
 from traceops.quarantine import QuarantineWriter
 from traceops.schema import Trajectory
-from traceops.store import AppendSession, Batch, CuratedStore, TableBuilder, trajectory_data
+from traceops.store import (
+    AppendSession,
+    Batch,
+    CuratedStore,
+    FlatTrajectory,
+    TableBuilder,
+    flatten,
+    trajectory_data,
+)
 from traceops.validation import Failure, Limits, RunValidation, validate_batch
 
 # One GX validation costs about 0.25 s whatever the batch size: batches must be large to amortize it.
@@ -81,9 +93,9 @@ class _Run:
     def seen(self, trajectory_id: str) -> bool:
         return self.session.is_known(trajectory_id) or trajectory_id in self.batch_ids
 
-    def add(self, trajectory: Trajectory) -> None:
-        self.builder.add(trajectory)
-        self.batch_ids.add(trajectory.id)
+    def add(self, flat: FlatTrajectory) -> None:
+        self.builder.add_flat(flat)
+        self.batch_ids.add(flat.id)
 
     def flush(self) -> None:
         """Validate the pending batch, quarantine its failures and append the rest to the store."""
@@ -118,9 +130,9 @@ class _Run:
             self.result.quarantined += 1
 
 
-def ingest_items(items: Iterable[ReadItem], settings: Settings, run_id: str,
+def ingest_items(items: Iterable[ReadItem | FlatTrajectory], settings: Settings, run_id: str,
                  batch_size: int | None = None, batch_steps: int | None = None) -> IngestResult:
-    """Ingest reader items (trajectories and rejections) into the curated store.
+    """Ingest reader items (trajectories, flattened trajectories and rejections) into the curated store.
 
     Duplicates (ids already stored, or repeated in this run) are counted and skipped; rejections and
     trajectories failing the GX suite go to ``data/quarantine/<run_id>.jsonl``; the GX record goes
@@ -142,13 +154,13 @@ def ingest_items(items: Iterable[ReadItem], settings: Settings, run_id: str,
             if isinstance(item, Rejected):
                 run.reject(item)
                 continue
-            if not isinstance(item, Trajectory):
-                raise StageError(f"ingest: reader yielded a {type(item).__name__}, expected Trajectory or "
-                                 "Rejected; the reader breaks the formats/base.py contract")
+            if not isinstance(item, (Trajectory, FlatTrajectory)):
+                raise StageError(f"ingest: reader yielded a {type(item).__name__}, expected Trajectory, "
+                                 "FlatTrajectory or Rejected; the reader breaks the formats/base.py contract")
             if run.seen(item.id):
                 result.duplicates += 1
                 continue
-            run.add(item)
+            run.add(item if isinstance(item, FlatTrajectory) else flatten(item))
             if run.builder.n_trajectories >= size or run.builder.n_steps >= max_steps:
                 run.flush()
         run.flush()
@@ -169,12 +181,19 @@ def ingest_items(items: Iterable[ReadItem], settings: Settings, run_id: str,
 
 
 def ingest_paths(paths: Sequence[str | Path], settings: Settings, run_id: str, fmt: str = "auto",
-                 outcomes_file: str | Path | None = None, batch_size: int | None = None) -> IngestResult:
-    """Read files (or folders) with the format readers and ingest them; see ``ingest_items``."""
+                 outcomes_file: str | Path | None = None, batch_size: int | None = None,
+                 workers: int | None = None) -> IngestResult:
+    """Read files, folders or archives with the format readers and ingest them; see ``ingest_items``.
+
+    Files are read by ``workers`` processes (params.yaml ``ingest.workers``, default min(2, CPUs);
+    1 reads in this process); the result is the same for any worker count.
+    """
     from traceops import formats
+    from traceops.formats.parallel import default_workers, iter_flat
 
     outcomes = None
     if outcomes_file is not None:
         outcomes = formats.load_outcomes(Path(outcomes_file))
-    items = formats.iter_items([Path(p) for p in paths], fmt=fmt, outcomes=outcomes)
+    count = int(workers or settings.stage("ingest").get("workers") or default_workers())
+    items = iter_flat([Path(p) for p in paths], fmt=fmt, outcomes=outcomes, workers=count)
     return ingest_items(items, settings, run_id, batch_size=batch_size)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -31,7 +31,7 @@ from pydantic import TypeAdapter
 
 from traceops.config import Paths
 from traceops.errors import StageError
-from traceops.schema import Label, ToolSpec, Trajectory
+from traceops.schema import ROLES, Label, ToolSpec, Trajectory
 
 TRAJECTORIES_FILE = "trajectories.parquet"
 STEPS_FILE = "steps.parquet"
@@ -103,6 +103,52 @@ class Batch:
         return self.trajectories.column("n_steps").combine_chunks()
 
 
+# Column order of FlatTrajectory.row and .steps.
+_T_FLAT = tuple(n for n in TRAJECTORY_SCHEMA.names if n != "ingested_at")
+_S_FLAT = ("role", "name", "content", "tool_call_id", "tool_calls")
+_ROLES = {role: role for role in ROLES}
+
+
+class FlatTrajectory(NamedTuple):
+    """One trajectory as the store's row values: cheap to pickle, no pydantic objects.
+
+    ``row`` follows ``TRAJECTORY_SCHEMA`` (without ``ingested_at``); ``steps`` holds the columns
+    ``role, name, content, tool_call_id, tool_calls`` of its messages; ``calls`` one
+    ``(step, role, call_id, args_is_object)`` per tool call.
+    """
+
+    id: str
+    row: tuple[Any, ...]
+    steps: tuple[list[Any], ...]
+    calls: list[tuple[int, str, str, bool]]
+
+
+def flatten(traj: Trajectory) -> FlatTrajectory:
+    """A trajectory as store row values (what ``TableBuilder`` appends)."""
+    outcome = traj.outcome
+    source = traj.source
+    messages = traj.messages
+    row = (traj.id, traj.task_id, traj.domain, traj.agent, _TOOLS_JSON.dump_json(traj.tools).decode("utf-8"),
+           outcome.success, outcome.reward, _dumps(outcome.reward_breakdown), source.format, source.file,
+           str(source.record),
+           _LABELS_JSON.dump_json(traj.labels).decode("utf-8") if traj.labels else "[]",
+           _dumps(traj.metadata), len(messages))
+    # Column-wise comprehensions: much cheaper than one append per field per message.
+    tool_calls: list[Any] = [m.tool_calls for m in messages]
+    calls: list[tuple[int, str, str, bool]] = []
+    for index, step_calls in enumerate(tool_calls):
+        if step_calls is None:
+            continue
+        tool_calls[index] = _dumps([{"id": call.id, "name": call.name, "arguments": call.arguments,
+                                     "raw_arguments": call.raw_arguments} for call in step_calls])
+        role = messages[index].role
+        calls.extend((index, role, call.id, isinstance(call.arguments, dict)) for call in step_calls)
+    # One shared object per role: pickle then sends a memo reference instead of a new string.
+    steps = ([_ROLES.get(m.role, m.role) for m in messages], [m.name for m in messages],
+             [m.content for m in messages], [m.tool_call_id for m in messages], tool_calls)
+    return FlatTrajectory(traj.id, row, steps, calls)
+
+
 class TableBuilder:
     """Flattens trajectories into column lists one at a time, so no batch of models is kept."""
 
@@ -121,46 +167,25 @@ class TableBuilder:
 
     def add(self, traj: Trajectory) -> None:
         """Append one trajectory's rows."""
+        self.add_flat(flatten(traj))
+
+    def add_flat(self, flat: FlatTrajectory) -> None:
+        """Append one trajectory already flattened by ``flatten`` (e.g. in a reader process)."""
         t_cols, s_cols, c_cols = self._t, self._s, self._c
-        outcome = traj.outcome
-        source = traj.source
-        messages = traj.messages
-        t_cols["id"].append(traj.id)
-        t_cols["task_id"].append(traj.task_id)
-        t_cols["domain"].append(traj.domain)
-        t_cols["agent"].append(traj.agent)
-        t_cols["tools"].append(_TOOLS_JSON.dump_json(traj.tools).decode("utf-8"))
-        t_cols["outcome_success"].append(outcome.success)
-        t_cols["outcome_reward"].append(outcome.reward)
-        t_cols["reward_breakdown"].append(_dumps(outcome.reward_breakdown))
-        t_cols["source_format"].append(source.format)
-        t_cols["source_file"].append(source.file)
-        t_cols["source_record"].append(str(source.record))
-        t_cols["labels"].append(_LABELS_JSON.dump_json(traj.labels).decode("utf-8") if traj.labels else "[]")
-        t_cols["metadata"].append(_dumps(traj.metadata))
-        t_cols["n_steps"].append(len(messages))
-        # Column-wise comprehensions: much cheaper than one append per field per message.
-        s_cols["role"].extend([m.role for m in messages])
-        s_cols["name"].extend([m.name for m in messages])
-        s_cols["content"].extend([m.content for m in messages])
-        s_cols["tool_call_id"].extend([m.tool_call_id for m in messages])
-        tool_calls = [m.tool_calls for m in messages]
-        position = self.n_trajectories
-        for index, calls in enumerate(tool_calls):
-            if calls is None:
-                continue
-            tool_calls[index] = _dumps([{"id": call.id, "name": call.name, "arguments": call.arguments,
-                                         "raw_arguments": call.raw_arguments} for call in calls])
-            role = messages[index].role
-            for call in calls:
+        for name, value in zip(_T_FLAT, flat.row, strict=True):
+            t_cols[name].append(value)
+        for name, values in zip(_S_FLAT, flat.steps, strict=True):
+            s_cols[name].extend(values)
+        if flat.calls:
+            position = self.n_trajectories
+            for step, role, call_id, is_object in flat.calls:
                 c_cols["t"].append(position)
-                c_cols["step"].append(index)
+                c_cols["step"].append(step)
                 c_cols["role"].append(role)
-                c_cols["call_id"].append(call.id)
-                c_cols["args_is_object"].append(isinstance(call.arguments, dict))
-        s_cols["tool_calls"].extend(tool_calls)
+                c_cols["call_id"].append(call_id)
+                c_cols["args_is_object"].append(is_object)
         self.n_trajectories += 1
-        self.n_steps += len(messages)
+        self.n_steps += len(flat.steps[0])
 
     def build(self) -> Batch:
         """The batch so far as Arrow tables; the builder is reset."""

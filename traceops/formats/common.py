@@ -163,7 +163,11 @@ def build_trajectory(data: dict[str, Any], file: str, record: int | str,
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
         return Rejected(file, record, f"invalid record: {details}{more}", raw=_raw(raw), field=field or None)
     if trajectory.id == _PENDING_ID:
-        trajectory.id = trajectory_id(trajectory)
+        try:
+            trajectory.id = trajectory_id(trajectory)
+        except (TypeError, ValueError) as error:  # e.g. an integral float past 64 bits: orjson refuses it
+            return Rejected(file, record, f"cannot compute the record's content hash ({error}); a number is "
+                            "probably out of range: fix the value", raw=_raw(raw))
     return trajectory
 
 

@@ -1,17 +1,20 @@
 """Walk input paths and pick a reader per file by sniffing its first bytes.
 
 Folders are walked recursively in sorted order, skipping hidden files and folders; formats may be
-mixed within one folder. A file no reader recognizes, or an empty one, is one ``Rejected`` for the
-file; a file holding no records (tau2's directory-format ``results.json``, whose simulations live
-in their own files) yields nothing.
+mixed within one folder, and zip and tar archives are read as folders of their members. A file no
+reader recognizes, or an empty one, is one ``Rejected`` for the file; a file holding no records
+(tau2's directory-format ``results.json``, whose simulations live in their own files) yields
+nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 
 from traceops.errors import ConfigError, InputError
+from traceops.formats.archives import is_archive, read_archive
 from traceops.formats.base import OutcomeTable, Reader, ReadItem, Rejected
 from traceops.formats.files import FILE_RECORD, head_shape, is_blank_file, read_file_text, read_head
 from traceops.formats.openai import OpenAIReader
@@ -104,8 +107,13 @@ def iter_items(paths: Sequence[str | Path], fmt: str = "auto",
 
 
 def read_file(path: Path, fmt: str = "auto", outcomes: OutcomeTable | None = None) -> Iterator[ReadItem]:
-    """Read one file with the named reader, or the one its content calls for when ``fmt`` is "auto"."""
+    """Read one file with the named reader, or the one its content calls for when ``fmt`` is "auto".
+
+    A zip or tar archive is read member by member (``formats.archives``)."""
     check_format(fmt)
+    if is_archive(path):
+        yield from read_archive(path, partial(read_file, fmt=fmt, outcomes=outcomes))
+        return
     if fmt != "auto":
         yield from READERS[fmt].read(path, outcomes)
         return

@@ -1,0 +1,104 @@
+"""Read input files in worker processes, one file (or archive) per task, results in input order.
+
+Workers run the same ``read_file`` as the serial path and ship each trajectory as a
+``store.FlatTrajectory`` (plain tuples and strings: pickling pydantic models costs more than reading
+them). Files are taken in ``iter_files`` order and results consumed in that order, so the items, and
+therefore counts, dedupe and quarantine, are identical to a serial read. At most ``2 * workers``
+files are in flight, which bounds memory to a few files' results.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from traceops.errors import ConfigError
+from traceops.formats.base import OutcomeTable, Rejected
+from traceops.formats.detect import check_format, iter_files, read_file
+from traceops.schema import Trajectory
+from traceops.store import FlatTrajectory, flatten
+
+FlatItem = FlatTrajectory | Rejected
+
+_WORKER: dict[str, Any] = {}
+_STATS = {"worker_cpu_s": 0.0}
+
+
+def default_workers() -> int:
+    """min(2, the CPUs this process may run on)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(2, cpus))
+
+
+def read_flat(path: Path, fmt: str = "auto", outcomes: OutcomeTable | None = None) -> list[FlatItem]:
+    """Every item of one file, trajectories flattened for the store."""
+    items = read_file(path, fmt, outcomes)
+    return [flatten(item) if isinstance(item, Trajectory) else item for item in items]
+
+
+def _init_worker(fmt: str, outcomes: OutcomeTable | None) -> None:
+    _WORKER["fmt"] = fmt
+    _WORKER["outcomes"] = outcomes
+
+
+def _read_in_worker(path: str) -> tuple[list[FlatItem], float]:
+    start = time.process_time()
+    items = read_flat(Path(path), _WORKER["fmt"], _WORKER["outcomes"])
+    return items, time.process_time() - start
+
+
+def worker_cpu_seconds() -> float:
+    """CPU seconds worker processes have spent reading, summed over every pooled read so far.
+
+    Workers are children of the forkserver, not of this process, so ``RUSAGE_CHILDREN`` misses
+    them; benchmarks add this instead.
+    """
+    return _STATS["worker_cpu_s"]
+
+
+def iter_flat(paths: Sequence[str | Path], fmt: str = "auto", outcomes: OutcomeTable | None = None,
+              workers: int = 1) -> Iterator[FlatItem]:
+    """``iter_items`` with flattened trajectories, read by ``workers`` processes (1: in this process).
+
+    The format, the worker count and the paths are checked when this is called, before any read.
+    """
+    check_format(fmt)
+    if workers < 1:
+        raise ConfigError(f"ingest: workers must be >= 1, got {workers} (params.yaml ingest.workers)")
+    files = list(iter_files([paths] if isinstance(paths, (str, Path)) else paths))
+    if workers == 1 or len(files) < 2:
+        return (item for path in files for item in read_flat(path, fmt, outcomes))
+    return _pooled(files, fmt, outcomes, min(workers, len(files)))
+
+
+def _pooled(files: list[Path], fmt: str, outcomes: OutcomeTable | None, workers: int) -> Iterator[FlatItem]:
+    # forkserver: workers fork from a clean server process, not from a parent that may hold threads.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["traceops.formats.parallel"])
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
+                               initargs=(fmt, outcomes))
+    try:
+        queue = iter(files)
+        pending: deque[Future[tuple[list[FlatItem], float]]] = deque()
+        for path in queue:
+            pending.append(pool.submit(_read_in_worker, str(path)))
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            items, cpu = pending.popleft().result()
+            _STATS["worker_cpu_s"] += cpu
+            following = next(queue, None)
+            if following is not None:
+                pending.append(pool.submit(_read_in_worker, str(following)))
+            yield from items
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
