@@ -169,9 +169,10 @@ def test_reader_ids_equal_the_schema_hash(arguments: dict, parameters: dict, met
     assert trajectory_id(traj) == trajectory_hash(traj) == traj.id
 
 
-def test_out_of_range_number_is_rejected_not_raised(tmp_path: Path) -> None:
+def test_huge_integral_float_hashes_as_a_float(tmp_path: Path) -> None:
     path = tmp_path / "big.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}],
                                 "outcome": {"reward": 1.8446744073709552e19}}) + "\n")
     (item,) = _read(path)
-    assert isinstance(item, Rejected) and "content hash" in item.reason and item.record == 1
+    assert isinstance(item, Trajectory) and item.outcome.reward == 1.8446744073709552e19
+    assert item.id == trajectory_hash(item)

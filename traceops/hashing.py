@@ -13,8 +13,10 @@ import orjson
 def _normalize(value: Any) -> Any:
     """Make equal data serialize equally: integral floats become ints, NaN becomes None."""
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:  # the common case, first and cheap
+    if kind is str or kind is bool or value is None:  # the common case, first and cheap
         return value
+    if kind is int:  # JSON readers turn integers past 64 bits into floats: hash them the same way
+        return value if -(2**63) <= value < 2**64 else float(value)
     if kind is dict:
         return {k if type(k) is str else str(k): _normalize(v) for k, v in value.items()}
     if kind is list or kind is tuple:
