@@ -1,0 +1,330 @@
+"""Adapter training: assistant-only SFT mask, SFT + LoRA, GRPO dropping constant groups, resume, bad input.
+
+Runs the random-init tiny Llama of conftest.py (embedded model's tokenizer) and two small environments
+defined here: a single-call weather lookup and a two-step order lookup (multi-turn).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from traceops.envs.base import AssistantTurn, Call, Environment
+from traceops.errors import ConfigError, ModelError, TraceopsError
+from traceops.train.budgets import BUDGETS, check_fits, get_budget
+from traceops.train.config import AdapterSettings, load_tokenizer
+from traceops.train.data import demonstration, load_environment_set
+
+CITIES = ["Paris", "Lima", "Oslo", "Cairo", "Quito", "Hanoi", "Dakar", "Perth", "Turin", "Sofia", "Kyiv",
+          "Riga"]
+WEATHER = {city: ["sunny", "rainy", "cloudy", "windy"][i % 4] for i, city in enumerate(CITIES)}
+
+
+class WeatherEnv(Environment):
+    """Single tool call: the user asks for a city's weather; success is calling get_weather on that city."""
+
+    capability = "tool_call_format"
+    system_prompt = "You answer weather questions by calling the get_weather tool."
+
+    def reset(self, **task: Any) -> str:
+        self.city = task["city"]
+        self.asked: list[str] = []
+        return f"What is the weather in {self.city}?"
+
+    def get_weather(self, city: str) -> str:
+        """Current weather of a city.
+
+        Args:
+            city: Name of the city.
+        """
+        self.asked.append(city)
+        if city not in WEATHER:
+            raise KeyError(f"unknown city {city}")
+        return WEATHER[city]
+
+    def get_reward(self) -> float:
+        return 1.0 if self.asked == [self.city] else 0.0
+
+    def oracle(self) -> list[AssistantTurn]:
+        return [AssistantTurn(calls=(Call("get_weather", {"city": self.city}),))]
+
+
+class OrderEnv(Environment):
+    """Two steps: find the user's id by name, then list that id's orders."""
+
+    capability = "multi_step_transaction"
+    system_prompt = "You look up customers' orders with the tools."
+
+    def reset(self, **task: Any) -> str:
+        self.name = task["name"]
+        self.listed: list[int] = []
+        return f"Which orders does {self.name} have?"
+
+    def find_user(self, name: str) -> str:
+        """Find a customer's id.
+
+        Args:
+            name: The customer's name.
+        """
+        return json.dumps({"user_id": 100 + CITIES.index(name)})
+
+    def list_orders(self, user_id: int) -> str:
+        """List a customer's orders.
+
+        Args:
+            user_id: The customer's id.
+        """
+        self.listed.append(user_id)
+        return json.dumps([f"order-{user_id}-1"])
+
+    def get_reward(self) -> float:
+        return 1.0 if self.listed == [100 + CITIES.index(self.name)] else 0.0
+
+    def oracle(self) -> list[AssistantTurn]:
+        user_id = 100 + CITIES.index(self.name)
+        return [AssistantTurn(calls=(Call("find_user", {"name": self.name}),)),
+                AssistantTurn(calls=(Call("list_orders", {"user_id": user_id}),))]
+
+
+def write_env_set(folder: Path, cls: type[Environment], key: str, train: int = 8) -> Path:
+    """An environments folder: manifest + train/val/test JSONL splits."""
+    (folder / "tasks").mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"environment": f"{cls.__module__}:{cls.__name__}",
+                                                      "capability": cls.capability}))
+    splits = {"train": CITIES[:train], "val": CITIES[train:train + 2], "test": CITIES[train + 2:train + 4]}
+    for split, values in splits.items():
+        lines = [json.dumps({key: value}) for value in values]
+        (folder / "tasks" / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tiny_model_dir: Path) -> Path:
+    """The shared random-init tiny Llama with the embedded model's tokenizer (tests/conftest.py)."""
+    import torch
+
+    torch.set_num_threads(2)
+    return tiny_model_dir
+
+
+def test_assistant_only_mask_covers_exactly_the_assistant_turns(tiny_base: Path) -> None:
+    from traceops.train.sft import assistant_mask
+
+    tokenizer = load_tokenizer(str(tiny_base))
+    env = OrderEnv()
+    messages = demonstration(env, {"name": "Oslo"})
+    ids, mask = assistant_mask(tokenizer, messages, env.tool_specs())
+    masked = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    expected = "".join(f"\n{m['content']}<|im_end|>\n" for m in messages if m["role"] == "assistant")
+    assert masked == expected
+    assert '<tool_call>{"name": "find_user", "arguments": {"name": "Oslo"}}</tool_call>' in masked
+    unmasked = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m])
+    assert "Which orders does Oslo have?" in unmasked and "order-102-1" in unmasked and "<tools>" in unmasked
+    assert "order-102-1" not in masked and "get the weather" not in masked
+
+
+def test_replay_reward_and_trl_environment_score_parsed_calls() -> None:
+    from traceops.model.toolcalls import render_tool_call
+    from traceops.train.grpo import group_counts
+    from traceops.train.rollouts import parse_turn, replay_reward, trl_environment
+
+    reward = replay_reward(WeatherEnv)
+    task = json.dumps({"city": "Oslo"})
+    completions = [render_tool_call("get_weather", {"city": "Oslo"}),
+                   render_tool_call("get_weather", {"city": "Lima"}), "It is sunny.",
+                   'get_weather(city="Oslo")']
+    assert reward(completions=completions, task_json=[task] * 4) == [1.0, 0.0, 0.0, 1.0]
+    assert parse_turn("Sure.\n" + completions[0]).calls == (Call("get_weather", {"city": "Oslo"}),)
+    env = trl_environment(WeatherEnv)()
+    assert type(env).__name__ == "WeatherEnv" and env.tool_names() == ["get_weather"]
+    assert env.reset(prompt=[], task_json=task) == "What is the weather in Oslo?"
+    env.get_weather("Oslo")
+    assert env.get_reward() == 1.0
+    history = [{"loss": 0.1}, {"reward": 0.0, "dropped_constant_groups": 2.0, "groups": 2.0},
+               {"reward": 0.5, "dropped_constant_groups": 1.0, "groups": 2.0}, {"train_loss": 0.1}]
+    assert group_counts(history) == (3, 4)
+
+
+def test_bad_input_is_refused_before_training(tmp_path: Path, tiny_base: Path, home: Path) -> None:
+    from traceops.train import train_adapter
+
+    envs = write_env_set(tmp_path / "envs", WeatherEnv, "city")
+    with pytest.raises(ConfigError, match="does not exist"):
+        train_adapter("x", tmp_path / "missing", tiny_base, tmp_path / "out", budget="tiny")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="unknown base model"):
+        train_adapter("x", envs, tmp_path / "empty", tmp_path / "out", budget="tiny")
+    with pytest.raises(ConfigError, match="cannot target"):
+        train_adapter("x", envs, tiny_base, tmp_path / "out", budget="tiny",
+                      settings=AdapterSettings(target_modules=("c_attn", "q_proj")))
+    with pytest.raises(ConfigError, match="CUDA GPU"):
+        train_adapter("x", envs, tiny_base, tmp_path / "out", budget="full")
+    with pytest.raises(ConfigError, match="unknown training budget"):
+        get_budget("huge")
+    with pytest.raises(ConfigError, match="GiB"):
+        check_fits(BUDGETS["small"], 135_000_000, 4_880_000, 576, 30, 9, 49152, available=1 << 30)
+    # FACTS.md calibration: 4 GB measured at batch 4 x 256 for the 135M model.
+    calibration = replace(BUDGETS["small"], grpo_prompts_per_step=1, num_generations=4, sft_max_length=256)
+    need = check_fits(calibration, 134_515_008, 4_884_480, 576, 30, 9, 49152, available=1 << 40)
+    assert 2.5e9 < need < 6e9
+    assert not (tmp_path / "out" / "adapter").exists()
+    assert all(issubclass(e, TraceopsError) for e in (ConfigError, ModelError))
+
+
+@pytest.mark.slow
+def test_sft_reduces_loss_and_adapter_loads_with_peft(tmp_path: Path, tiny_base: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from traceops.train.checkpoint import save_adapter
+    from traceops.train.data import sft_rows
+    from traceops.train.sft import build_sft_trainer, loss_curve
+
+    env_set = load_environment_set(write_env_set(tmp_path / "envs", WeatherEnv, "city"))
+    tokenizer = load_tokenizer(str(tiny_base))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_base))
+    budget = replace(BUDGETS["tiny"], sft_steps=8, sft_batch_size=2, sft_lr=1e-2, save_steps=100)
+    trainer = build_sft_trainer(model, tokenizer, sft_rows(env_set), budget, tmp_path / "ckpt", 0,
+                                AdapterSettings())
+    trainer.train()
+    losses = loss_curve(trainer.state.log_history)
+    assert len(losses) == 8
+    # LoRA cannot move a random model's tied embeddings, so the drop is small but must be clear.
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05
+    folder = save_adapter(trainer.model, tokenizer, tmp_path / "adapter")
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["r"] == 16 and config["lora_alpha"] == 32
+    assert set(config["target_modules"]) == set(AdapterSettings().target_modules)
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(tiny_base)), str(folder))
+    assert sum(p.numel() for n, p in loaded.named_parameters() if "lora_" in n) > 0
+
+
+@pytest.mark.slow
+def test_grpo_drops_and_counts_constant_reward_groups(tmp_path: Path, tiny_base: Path) -> None:
+    import torch
+    from datasets import Dataset
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from traceops.train.grpo import _trainer_class, grpo_args
+
+    tokenizer = load_tokenizer(str(tiny_base))
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_base))
+    model = get_peft_model(base, AdapterSettings().lora_config())
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"Say {w}"}], tokenize=False,
+                                             add_generation_prompt=True) for w in ("a", "b")]
+
+    def reward(completions: list[str], prompts: list[str], **_: Any) -> list[float]:
+        # Prompt "a" always scores 0 (a constant group); prompt "b" scores by completion length parity.
+        pairs = zip(prompts, completions, strict=True)
+        return [0.0 if "Say a" in p else float(sum(map(ord, c)) % 101) for p, c in pairs]
+
+    budget = replace(BUDGETS["tiny"], grpo_steps=2, grpo_prompts_per_step=2, num_generations=4,
+                     max_completion_length=12, save_steps=100)
+    args = grpo_args(budget, tmp_path / "grpo", 0, multi_turn=False)
+    trainer = _trainer_class()(model=model, reward_funcs=[reward], args=args, processing_class=tokenizer,
+                               train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]))
+    seen: list[dict[str, Any]] = []
+    original = trainer._generate_and_score_completions
+
+    def spy(inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        out = original(inputs)
+        seen.append({"prompts": [x["prompt"] for x in inputs], "mask": out["tool_mask"].clone()})
+        return out
+
+    trainer._generate_and_score_completions = spy
+    trainer.train()
+    assert trainer.total_groups == 4 and trainer.dropped_constant_groups == 2
+    for batch in seen:
+        for prompt, row in zip(batch["prompts"], batch["mask"], strict=True):
+            assert bool(torch.all(row == 0)) == ("Say a" in prompt)
+    logged = [e for e in trainer.state.log_history if "dropped_constant_groups" in e]
+    assert [e["dropped_constant_groups"] for e in logged] == [1.0, 1.0]
+
+
+@pytest.mark.slow
+def test_multi_turn_grpo_runs_through_trl_environment_factory(tmp_path: Path, tiny_base: Path) -> None:
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from traceops.train.data import grpo_rows, is_multi_turn
+    from traceops.train.grpo import build_grpo_trainer
+
+    env_set = load_environment_set(write_env_set(tmp_path / "envs", OrderEnv, "name", train=4))
+    assert is_multi_turn(env_set)
+    tokenizer = load_tokenizer(str(tiny_base))
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_base))
+    model = get_peft_model(base, AdapterSettings().lora_config())
+    budget = replace(BUDGETS["tiny"], grpo_steps=1, num_generations=2, max_completion_length=16)
+    rows = grpo_rows(env_set, tokenizer, multi_turn=True)
+    trainer = build_grpo_trainer(model, tokenizer, env_set, rows, budget, tmp_path / "grpo", 0, True)
+    assert sorted(trainer._env_tools[None][i].__name__ for i in range(2)) == ["find_user", "list_orders"]
+    trainer.train()
+    assert trainer.total_groups == 2 and "OrderEnv" in trainer.reward_func_names
+    assert [e for e in trainer.state.log_history if "reward" in e][0]["reward"] == 0.0
+
+
+class Interrupt(Exception):
+    """Raised from the log callback to simulate a killed run."""
+
+
+@pytest.mark.slow
+def test_train_adapter_resumes_after_interruption(tmp_path: Path, tiny_base: Path, home: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from traceops.train import train_adapter
+
+    envs = write_env_set(tmp_path / "envs", WeatherEnv, "city")
+    budget = replace(BUDGETS["tiny"], sft_steps=4, save_steps=2, grpo_steps=1, eval_tasks=2, max_turns=1,
+                     eval_max_new_tokens=12, max_completion_length=12)
+    out = tmp_path / "out"
+
+    def killer(phase: str, step: int, logs: dict[str, float]) -> None:
+        if phase == "sft" and step == 3:
+            raise Interrupt("killed after the step-2 checkpoint")
+
+    with pytest.raises(Interrupt):
+        train_adapter("tool_call_format", envs, tiny_base, out, budget=budget, seed=1, on_log=killer)
+    assert (out / "checkpoints" / "sft" / "checkpoint-2").is_dir() and not (out / "adapter").exists()
+
+    lines: list[tuple[str, int]] = []
+    result = train_adapter("tool_call_format", envs, tiny_base, out, budget=budget, seed=1,
+                           on_log=lambda phase, step, logs: lines.append((phase, step)))
+    assert result.resumed_from == {"sft": 2, "grpo": None}
+    assert [s for p, s in lines if p == "sft" and s <= 4][0] == 3
+    assert len(result.sft_losses) == 4 and len(result.grpo_rewards) == 1
+    assert result.total_groups == 2 and 0 <= result.dropped_constant_groups <= 2
+    assert result.val_before["n"] == 2 and 0.0 <= result.val_after["success"] <= 1.0
+    assert result.config["adapter"]["r"] == 16 and not result.config["multi_turn"]
+    adapter = Path(result.adapter_path)
+    assert (adapter / "adapter_model.safetensors").is_file()
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(tiny_base)), str(adapter))
+    again = train_adapter("tool_call_format", envs, tiny_base, out, budget=budget, seed=1)
+    assert again.sft_losses == result.sft_losses and "sft" not in again.timings
+
+
+def test_synthesized_family_folder_loads_and_gives_canonical_sft_rows(tmp_path: Path) -> None:
+    from traceops.envs.families import FAMILIES
+    from traceops.envs.grounding import build_grounding
+    from traceops.train.data import is_multi_turn, sft_rows
+
+    family, grounding = FAMILIES["tool_call_format"], build_grounding([])
+    folder = tmp_path / "tool_call_format"
+    folder.mkdir()
+    for split, n, offset in (("train", 3, 0), ("val", 2, 3), ("test", 2, 5)):
+        tasks = family.generate(grounding, 0, n, offset=offset)
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    (folder / "manifest.json").write_text(json.dumps({"capability": "tool_call_format"}))
+    env_set = load_environment_set(folder)
+    assert env_set.factory is family.env_class and len(env_set.tasks("val")) == 2
+    assert is_multi_turn(env_set)  # a call turn, then a final text turn
+    row = sft_rows(env_set)[0]
+    roles = [m["role"] for m in row["messages"]]
+    assert roles[:4] == ["system", "user", "assistant", "tool"] and roles[-1] == "assistant"
+    assert row["messages"][2]["content"].startswith('<tool_call>{"name": "call_api"')
+    assert json.loads(row["tools"])[0]["function"]["name"] == "call_api"

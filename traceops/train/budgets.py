@@ -1,0 +1,155 @@
+"""Training budgets: how much SFT, GRPO and evaluation one adapter gets, and whether it fits the machine.
+
+Three budgets, chosen by name:
+
+- ``tiny``: tests and smoke runs, <= 2 min per adapter on 2 CPU cores with the embedded 135M model.
+- ``small``: the CPU default of the nightly run, <= 4 min per adapter on 2 CPU cores.
+- ``full``: one or more CUDA GPUs: bf16, vLLM generation when ``vllm`` is installed (colocated with the
+  trainer), larger batches and longer sequences. Launch it across GPUs with accelerate::
+
+      accelerate launch --config_file configs/accelerate/multi_gpu.yaml -m traceops.cli train ...
+      accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml -m traceops.cli train ...
+
+  ``configs/accelerate/single_gpu.yaml`` is the one-GPU launch; the ZeRO-2 config reads
+  ``configs/deepspeed/zero2.json`` (optimizer and gradient sharding; LoRA weights are small, so ZeRO-3
+  parameter sharding buys nothing for a base that fits one GPU).
+
+A budget that cannot fit the machine is refused before any training starts (``check_fits``): the
+estimate is weights + LoRA optimizer state + activations of the largest batch (the FACTS.md measurement
+of 4 GB at batch 4 x 256 for the 135M model is the calibration point).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from traceops.errors import ConfigError
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Steps, batch sizes, sequence lengths, generations and learning rates of one adapter's training."""
+
+    name: str
+    sft_steps: int
+    sft_batch_size: int
+    sft_max_length: int
+    sft_lr: float
+    grpo_steps: int
+    grpo_prompts_per_step: int
+    num_generations: int
+    max_completion_length: int
+    grpo_lr: float
+    max_turns: int
+    eval_tasks: int
+    eval_max_new_tokens: int
+    save_steps: int
+    device: str = "cpu"
+    bf16: bool = False
+    use_vllm: bool = False
+    gradient_checkpointing: bool = False
+    temperature: float = 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict of every field (for MLflow params and the result's config)."""
+        return asdict(self)
+
+
+BUDGETS: dict[str, Budget] = {
+    "tiny": Budget(
+        name="tiny", sft_steps=6, sft_batch_size=2, sft_max_length=384, sft_lr=1e-3,
+        grpo_steps=1, grpo_prompts_per_step=2, num_generations=2, max_completion_length=32, grpo_lr=1e-5,
+        max_turns=2, eval_tasks=4, eval_max_new_tokens=48, save_steps=3,
+    ),
+    "small": Budget(
+        name="small", sft_steps=30, sft_batch_size=4, sft_max_length=384, sft_lr=1e-3,
+        grpo_steps=4, grpo_prompts_per_step=2, num_generations=4, max_completion_length=48, grpo_lr=1e-5,
+        max_turns=3, eval_tasks=12, eval_max_new_tokens=48, save_steps=10,
+    ),
+    "full": Budget(
+        name="full", sft_steps=400, sft_batch_size=16, sft_max_length=1024, sft_lr=2e-4,
+        grpo_steps=300, grpo_prompts_per_step=8, num_generations=8, max_completion_length=256, grpo_lr=5e-6,
+        max_turns=6, eval_tasks=200, eval_max_new_tokens=256, save_steps=50,
+        device="cuda", bf16=True, use_vllm=True, gradient_checkpointing=True,
+    ),
+}
+
+
+def get_budget(name: str | Budget) -> Budget:
+    """The budget called ``name`` (a ``Budget`` passes through); unknown names are a ConfigError."""
+    if isinstance(name, Budget):
+        return name
+    if name not in BUDGETS:
+        raise ConfigError(f"unknown training budget '{name}'; choose one of {', '.join(BUDGETS)}")
+    budget = BUDGETS[name]
+    if budget.use_vllm and importlib.util.find_spec("vllm") is None:
+        # vLLM is optional: without it the full budget generates with transformers on the GPU.
+        budget = replace(budget, use_vllm=False)
+    return budget
+
+
+def estimate_memory_bytes(budget: Budget, n_params: int, trainable_params: int, hidden: int, layers: int,
+                          heads: int, vocab: int) -> int:
+    """Peak training memory of the largest step of ``budget`` (weights, LoRA optimizer, activations).
+
+    Activations follow the per-layer count of Korthikanti et al. (34 h + 5 a s bytes per token at 16 bit),
+    one layer's worth when gradient checkpointing is on, plus the logits and their gradient.
+    """
+    width = 2 if budget.bf16 else 4
+    weights = n_params * width
+    optimizer = trainable_params * 16  # fp32 weights copy + grads + two Adam moments
+    batches = [
+        (budget.sft_batch_size, budget.sft_max_length),
+        (budget.grpo_prompts_per_step * budget.num_generations, budget.sft_max_length),
+    ]
+    peak = 0
+    for batch, seq in batches:
+        tokens = batch * seq
+        per_layer = tokens * (34 * hidden + 5 * heads * seq) * width // 2
+        kept_layers = 1 if budget.gradient_checkpointing else layers
+        checkpoints = tokens * hidden * width * layers if budget.gradient_checkpointing else 0
+        logits = tokens * vocab * 4 * 3  # logits, log-softmax and their gradient, in fp32
+        peak = max(peak, per_layer * kept_layers + checkpoints + logits)
+    return weights + optimizer + peak
+
+
+def available_memory_bytes(device: str) -> int:
+    """Free memory on ``device``: the first CUDA GPU's free memory or the host's available RAM."""
+    if device == "cuda":
+        import torch
+
+        free, _total = torch.cuda.mem_get_info()
+        return int(free)
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def check_fits(budget: Budget, n_params: int, trainable_params: int, hidden: int, layers: int, heads: int,
+               vocab: int, available: int | None = None) -> int:
+    """Raise ConfigError when ``budget`` cannot run here; return the estimated peak bytes otherwise."""
+    if budget.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"training budget '{budget.name}' needs a CUDA GPU and none is available on this machine; "
+                "use budget 'small' (CPU) or run on a GPU host with configs/accelerate/*.yaml"
+            )
+    need = estimate_memory_bytes(budget, n_params, trainable_params, hidden, layers, heads, vocab)
+    have = available_memory_bytes(budget.device) if available is None else available
+    if need > have:
+        raise ConfigError(
+            f"training budget '{budget.name}' needs about {need / GIB:.1f} GiB on {budget.device} for a "
+            f"{n_params / 1e6:.0f}M-parameter base, but only {have / GIB:.1f} GiB is free; choose a smaller "
+            "budget, a smaller base model, or a machine with more memory"
+        )
+    return need

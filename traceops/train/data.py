@@ -1,0 +1,182 @@
+"""Training data of one capability: its environment class and task splits, oracle demonstrations as chat
+rows for SFT, and prompt rows for GRPO.
+
+An environments folder (``data/environments/<capability>/``, written by ``traceops.envs.synthesize``)
+holds ``manifest.json`` naming the ``capability`` (its built-in family gives the environment class) or
+an ``"environment": "package.module:ClassName"`` import path (any ``Environment`` subclass), plus one
+JSONL file of task specs per split, ``<split>.jsonl`` or ``tasks/<split>.jsonl`` (``train``, ``val``,
+``test``); each line is the keyword arguments of ``reset``.
+
+Assistant tool calls are written into the assistant text in the canonical ``<tool_call>{json}</tool_call>``
+form (``traceops.model.toolcalls.render_tool_call``), so training targets and inference outputs are read
+by the same parser; tool results are ``tool`` messages.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from traceops.envs.base import AssistantTurn, Environment
+from traceops.errors import ConfigError, InputError
+from traceops.train.config import DEFAULT_SYSTEM_PROMPT
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class EnvironmentSet:
+    """One capability's environment class and its task specs per split."""
+
+    capability: str
+    factory: type[Environment]
+    splits: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    source: str = ""
+
+    def tasks(self, split: str) -> list[dict[str, Any]]:
+        """Task specs of ``split`` (empty when the folder has none)."""
+        return list(self.splits.get(split, []))
+
+
+def import_environment(path: str, where: str) -> type[Environment]:
+    """The class named by ``module:Class`` (or ``module.Class``), checked to be an Environment subclass."""
+    module_name, _, class_name = path.partition(":") if ":" in path else path.rpartition(".")
+    if not module_name or not class_name:
+        raise ConfigError(f"{where}: 'environment' must look like 'package.module:ClassName', got {path!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{where}: cannot import environment module '{module_name}' ({exc}); install "
+                          "traceops or regenerate the environments with `traceops synthesize`") from exc
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        raise ConfigError(f"{where}: '{path}' is not an Environment subclass")
+    return cls
+
+
+def _read_split(folder: Path, split: str) -> list[dict[str, Any]]:
+    for path in (folder / f"{split}.jsonl", folder / "tasks" / f"{split}.jsonl"):
+        if path.is_file():
+            tasks = []
+            for number, line in enumerate(path.read_text().splitlines(), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    task = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"not valid JSON ({exc})", file=str(path), record=number) from exc
+                if not isinstance(task, dict):
+                    raise InputError("a task spec must be a JSON object of reset() arguments",
+                                     file=str(path), record=number)
+                tasks.append(task)
+            return tasks
+    return []
+
+
+def load_environment_set(envs_dir: str | Path, capability: str | None = None) -> EnvironmentSet:
+    """Read an environments folder; errors name the file and say what to do."""
+    folder = Path(envs_dir)
+    if not folder.is_dir():
+        raise ConfigError(f"environments folder {folder} does not exist; run `traceops synthesize` first "
+                          "or pass the folder of an existing capability (data/environments/<capability>)")
+    manifest_path = folder / "manifest.json"
+    if not manifest_path.is_file():
+        raise ConfigError(f"{manifest_path} is missing; the folder is not a synthesized environment set")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON ({exc})", file=str(manifest_path)) from exc
+    if not isinstance(manifest, dict):
+        raise InputError("expected a JSON object", file=str(manifest_path))
+    env_path = manifest.get("environment")
+    if isinstance(env_path, str):
+        cls = import_environment(env_path, str(manifest_path))
+    elif isinstance(manifest.get("capability"), str):
+        from traceops.envs.families import get_family
+
+        cls = get_family(manifest["capability"]).env_class
+    else:
+        raise InputError("names neither the capability (a built-in family) nor an environment class",
+                         file=str(manifest_path), field="capability")
+    splits = {split: _read_split(folder, split) for split in SPLITS}
+    if not splits["train"]:
+        raise ConfigError(f"{folder}: no training tasks (tasks/train.jsonl or train.jsonl); regenerate it")
+    name = capability or manifest.get("capability") or cls.capability or folder.name
+    return EnvironmentSet(capability=name, factory=cls, splits=splits, source=str(folder))
+
+
+def system_prompt(env: Environment) -> str:
+    """The system message of an episode: the environment's own prompt or a generic tool-use one."""
+    return env.system_prompt or DEFAULT_SYSTEM_PROMPT
+
+
+def turn_text(turn: AssistantTurn) -> str:
+    """One assistant turn as text: its content, then each call as ``<tool_call>{json}</tool_call>``."""
+    from traceops.model.toolcalls import assistant_text
+
+    return assistant_text(turn.content, [(call.name, dict(call.arguments)) for call in turn.calls])
+
+
+def demonstration(env: Environment, task: dict[str, Any]) -> list[dict[str, str]]:
+    """The oracle's episode on ``task`` as chat messages (system, user, assistant, tool...), verified to
+    score 1.0 so a broken oracle never becomes training data."""
+    observation = env.reset(**task)
+    messages = [{"role": "system", "content": system_prompt(env)}, {"role": "user", "content": observation}]
+    for turn in env.oracle():
+        messages.append({"role": "assistant", "content": turn_text(turn)})
+        for call in turn.calls:
+            messages.append({"role": "tool", "content": env.call_tool(call.name, dict(call.arguments))})
+        if turn.content and not turn.calls:
+            reply = env.respond(turn.content)
+            if reply is not None:
+                messages.append({"role": "user", "content": reply})
+    reward = env.get_reward()
+    if reward < 1.0:
+        raise InputError(f"the oracle scores {reward:.3f}, not 1.0; fix the family's oracle",
+                         record=json.dumps(task, sort_keys=True)[:200])
+    return messages
+
+
+def oracle_turns(env: Environment, task: dict[str, Any]) -> int:
+    """How many assistant turns the oracle needs on ``task`` (1 means a single-turn family)."""
+    env.reset(**task)
+    return len(env.oracle())
+
+
+def sft_rows(env_set: EnvironmentSet) -> list[dict[str, str | list[dict[str, str]]]]:
+    """SFT rows ``{"messages", "tools"}`` (tools as a JSON string) from the oracle on every train task."""
+    env = env_set.factory()
+    tools = json.dumps(env.tool_specs())
+    return [{"messages": demonstration(env, task), "tools": tools} for task in env_set.tasks("train")]
+
+
+def is_multi_turn(env_set: EnvironmentSet) -> bool:
+    """True when any train task's oracle needs more than one assistant turn."""
+    env = env_set.factory()
+    return any(oracle_turns(env, task) > 1 for task in env_set.tasks("train"))
+
+
+def grpo_rows(env_set: EnvironmentSet, tokenizer: Any, multi_turn: bool) -> list[dict[str, Any]]:
+    """GRPO prompt rows; ``task_json`` carries the task spec to the reward function or environment.
+
+    Single-turn rows hold the prompt already rendered with the tools (the reward replays the completion);
+    multi-turn rows hold a conversational prompt whose user turn TRL fills with ``reset``'s observation.
+    """
+    env = env_set.factory()
+    tools = env.tool_specs()
+    rows = []
+    for task in env_set.tasks("train"):
+        observation = env.reset(**task)
+        task_json = json.dumps(task, sort_keys=True)
+        if multi_turn:
+            prompt: Any = [{"role": "system", "content": system_prompt(env)}, {"role": "user", "content": ""}]
+        else:
+            messages = [{"role": "system", "content": system_prompt(env)},
+                        {"role": "user", "content": observation}]
+            prompt = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                   add_generation_prompt=True)
+        rows.append({"prompt": prompt, "task_json": task_json})
+    return rows

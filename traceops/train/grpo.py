@@ -1,0 +1,114 @@
+"""GRPO on the environment verifier: TRL ``GRPOTrainer`` continuing the SFT LoRA adapter.
+
+Single-turn families score each completion by replaying its parsed calls in a fresh environment
+(``rollouts.replay_reward``); multi-turn families run through TRL's ``environment_factory`` with the
+same Environment classes (``rollouts.trl_environment``), which owns the reward via ``get_reward``.
+
+Constant-reward groups: TRL 1.16 gives every completion of a zero-std group advantage 0 (so no policy
+gradient) but keeps its tokens in the loss normalizer, diluting the update of the informative groups.
+``DroppingGRPOTrainer`` removes them from the loss mask instead and counts them
+(``dropped_constant_groups``, also logged as the ``dropped_constant_groups`` metric).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from traceops.train.budgets import Budget
+from traceops.train.data import EnvironmentSet
+from traceops.train.rollouts import replay_reward, trl_environment
+
+ZERO_ADVANTAGE = 1e-6
+
+
+def _trainer_class() -> type:
+    from trl import GRPOTrainer
+
+    class DroppingGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer that drops constant-reward groups from the update and counts them."""
+
+        dropped_constant_groups = 0
+        total_groups = 0
+
+        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+            import torch
+
+            output = super()._generate_and_score_completions(inputs)
+            advantages = output["advantages"]
+            constant = advantages.abs() <= ZERO_ADVANTAGE
+            size = self.num_generations
+            if self.accelerator.num_processes == 1 and advantages.numel() % size == 0:
+                groups = constant.view(-1, size).all(dim=1)
+                keep = ~groups.repeat_interleave(size)
+                dropped, total = int(groups.sum()), groups.numel()
+            else:  # groups may straddle processes: a zero-advantage row carries no gradient either way
+                keep = ~constant
+                dropped, total = int(constant.sum()) // size, advantages.numel() // size
+            mask = output.get("tool_mask")
+            mask = torch.ones_like(output["completion_mask"]) if mask is None else mask
+            output["tool_mask"] = mask * keep.unsqueeze(1).to(mask.dtype)
+            loss_mask = output["completion_mask"] * output["tool_mask"]
+            output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+            if self.model.training:
+                self.dropped_constant_groups += dropped
+                self.total_groups += total
+                # Per generation batch (one per step here): totals are sums over the log history.
+                self._metrics["train"]["dropped_constant_groups"].append(float(dropped))
+                self._metrics["train"]["groups"].append(float(total))
+            return output
+
+    return DroppingGRPOTrainer
+
+
+def grpo_args(budget: Budget, output_dir: Path, seed: int, multi_turn: bool) -> Any:
+    """The ``GRPOConfig`` of a budget (FACTS.md: CPU needs use_cpu, no bf16, explicit checkpointing,
+    beta 0)."""
+    from trl import GRPOConfig
+
+    on_cpu = budget.device == "cpu"
+    batch = budget.grpo_prompts_per_step * budget.num_generations
+    return GRPOConfig(
+        output_dir=str(output_dir), max_steps=budget.grpo_steps, per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1, num_generations=budget.num_generations,
+        max_completion_length=budget.max_completion_length, learning_rate=budget.grpo_lr,
+        lr_scheduler_type="constant", warmup_steps=0, temperature=budget.temperature, beta=0.0,
+        loss_type="dapo", scale_rewards="group", logging_steps=1, save_strategy="steps",
+        save_steps=budget.save_steps, save_total_limit=2, report_to=[], seed=seed, data_seed=seed,
+        use_cpu=on_cpu, bf16=budget.bf16, fp16=False, gradient_checkpointing=budget.gradient_checkpointing,
+        use_vllm=budget.use_vllm, vllm_mode="colocate",
+        max_tool_calling_iterations=budget.max_turns if multi_turn else None, dataloader_num_workers=0,
+        disable_tqdm=True, log_completions=False, shuffle_dataset=True,
+    )
+
+
+def build_grpo_trainer(model: Any, tokenizer: Any, env_set: EnvironmentSet, rows: list[dict[str, Any]],
+                       budget: Budget, output_dir: Path, seed: int, multi_turn: bool,
+                       callbacks: list[Any] | None = None) -> Any:
+    """A dropping GRPO trainer on ``model`` (a PeftModel: its adapter is trained, no new one is added)."""
+    import os
+
+    from datasets import Dataset
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    dataset = Dataset.from_list(rows)
+    trainer_class = _trainer_class()
+    common = {"model": model, "args": grpo_args(budget, output_dir, seed, multi_turn),
+              "train_dataset": dataset, "processing_class": tokenizer, "callbacks": callbacks or []}
+    if multi_turn:
+        env_class = trl_environment(env_set.factory)  # type: ignore[arg-type]
+        return trainer_class(reward_funcs=[], environment_factory=env_class, **common)
+    return trainer_class(reward_funcs=[replay_reward(env_set.factory)], **common)
+
+
+def group_counts(log_history: list[dict[str, Any]]) -> tuple[int, int]:
+    """(dropped constant-reward groups, all groups) summed over a GRPO log history (one log per step)."""
+    steps = [entry for entry in log_history if "reward" in entry]
+    dropped = sum(float(entry.get("dropped_constant_groups", 0.0)) for entry in steps)
+    total = sum(float(entry.get("groups", 0.0)) for entry in steps)
+    return round(dropped), round(total)
+
+
+def reward_curve(log_history: list[dict[str, Any]]) -> list[float]:
+    """Mean reward per logged GRPO step, in step order."""
+    return [float(entry["reward"]) for entry in log_history if "reward" in entry]
