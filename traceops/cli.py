@@ -80,6 +80,39 @@ LABELER_SETS = {"offline": ("rule",), "llm": ("rule", "llm")}
 
 
 @app.command()
+def collect(
+    domain: str = typer.Option("retail", "--domain", help="Bundled domain to run in."),
+    model: str = typer.Option("embedded", "--model", help="embedded | planted | a folder | http(s)://host/v1#model"),
+    tasks: int | None = typer.Option(None, "--tasks", help="How many of the domain's tasks (default: all)."),
+    out: Path = typer.Option(..., "--out", help="Folder for <model>-<domain>.jsonl."),
+    seed: int = typer.Option(0, "--seed"),
+    rates: str | None = typer.Option(None, "--rates", help='Planted rates: {"tool_selection": 0.2}'),
+    max_turns: int = typer.Option(12, "--max-turns"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+    batch_size: int = typer.Option(8, "--batch-size", help="Episodes generated together."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Run a model over a domain's tasks and write OpenAI-chat JSONL logs, ready for `traceops ingest`."""
+    from rich.progress import Progress
+
+    from traceops.collect import collect as run_collect
+    from traceops.collect import parse_rates
+
+    try:
+        with Progress(console=console, transient=True, disable=as_json) as bar:
+            job = bar.add_task("episodes", total=tasks)
+            result = run_collect(domain, model, tasks, out, seed=seed, planted_rates=parse_rates(rates),
+                                 max_turns=max_turns, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                 progress=lambda n: bar.update(job, completed=n))
+    except TraceopsError as exc:
+        fail(exc, as_json)
+        return
+    summary = result.as_dict()
+    emit({"episodes": summary["episodes"], "succeeded": summary["succeeded"], "out": summary["out"]},
+         as_json, "collect")
+
+
+@app.command()
 def diagnose(
     labelers: str = typer.Option("offline", "--labelers", help="offline (rule-based) | llm (rule + LLM)"),
     llm_model: str | None = typer.Option(None, "--llm-model",

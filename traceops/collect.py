@@ -4,14 +4,13 @@ The output is the format users' own logs come in, so ``traceops ingest`` reads c
 any production log. ``model_spec`` is what ``traceops.model.load_model`` takes (``embedded``, a folder,
 an endpoint URL) or ``planted`` for the planted-gap agent (ground-truth capability labels included).
 
-    python -m traceops.collect --domain retail --model planted --tasks 320 --out data/raw/sample
-    python -m traceops.collect --domain retail --model embedded --tasks 17 --max-turns 2 \
+    traceops collect --domain retail --model planted --tasks 320 --out data/raw/sample
+    traceops collect --domain retail --model embedded --tasks 17 --max-turns 2 \
         --max-new-tokens 48 --batch-size 17 --out data/raw/sample
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from collections.abc import Callable
@@ -82,7 +81,8 @@ def collect(domain: str, model_spec: str, n_tasks: int | None, out_dir: str | Pa
     return CollectResult(episodes=len(trajectories), succeeded=succeeded, out=out, files=[path])
 
 
-def _parse_rates(text: str | None) -> dict[str, float] | None:
+def parse_rates(text: str | None) -> dict[str, float] | None:
+    """Planted failure rates from a JSON object of capability to rate (None when empty)."""
     if not text:
         return None
     try:
@@ -92,27 +92,3 @@ def _parse_rates(text: str | None) -> dict[str, float] | None:
     if not isinstance(rates, dict):
         raise ConfigError("--rates must be a JSON object of capability to rate")
     return check_rates(rates)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line for regenerating sample logs (the `traceops collect` command is the CLI's)."""
-    parser = argparse.ArgumentParser(prog="python -m traceops.collect", description=__doc__.splitlines()[0])
-    parser.add_argument("--domain", default="retail")
-    parser.add_argument("--model", default="embedded", help="embedded | planted | folder | URL")
-    parser.add_argument("--tasks", type=int, default=None)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rates", default=None, help='planted rates as JSON, e.g. {"tool_selection": 0.2}')
-    parser.add_argument("--max-turns", type=int, default=12)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=8)
-    args = parser.parse_args(argv)
-    result = collect(args.domain, args.model, args.tasks, args.out, seed=args.seed,
-                     planted_rates=_parse_rates(args.rates), max_turns=args.max_turns,
-                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
-    print(json.dumps(result.as_dict()))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
