@@ -70,7 +70,8 @@ def test_materialize_replaces_an_interrupted_copy_and_cleans_failures(tmp_path: 
     other = tmp_path / "other"
     with pytest.raises(RuntimeError, match="disk full"):
         materialize(other, failing)
-    assert not other.exists() and not any(p.name.startswith(".other.tmp-") for p in tmp_path.iterdir())
+    assert not other.exists() and not any(p.name.startswith(".other.") and p.name.endswith(".tmp")
+                                     for p in tmp_path.iterdir())
 
 
 def test_gguf_is_found_without_importing_the_package() -> None:

@@ -328,3 +328,23 @@ def test_synthesized_family_folder_loads_and_gives_canonical_sft_rows(tmp_path: 
     assert roles[:4] == ["system", "user", "assistant", "tool"] and roles[-1] == "assistant"
     assert row["messages"][2]["content"].startswith('<tool_call>{"name": "call_api"')
     assert json.loads(row["tools"])[0]["function"]["name"] == "call_api"
+
+
+def test_save_adapter_replaces_the_folder_whole(tmp_path: Path, tiny_base: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from traceops.train.checkpoint import is_adapter, read_json, save_adapter, write_json
+
+    tokenizer = load_tokenizer(str(tiny_base))
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(tiny_base)),
+                           LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "stale.txt").write_text("from an older run")
+    assert save_adapter(model, tokenizer, folder) == folder
+    assert is_adapter(folder) and not (folder / "stale.txt").exists()
+    assert (folder / "tokenizer_config.json").is_file()
+    write_json(tmp_path / "logs.json", {"step": 1})
+    assert read_json(tmp_path / "logs.json") == {"step": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "logs.json"]

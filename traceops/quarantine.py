@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from traceops.atomic import discard, temp_sibling
 from traceops.formats.base import Rejected
 
 Stage = Literal["read", "validate"]
@@ -43,10 +43,8 @@ class QuarantineWriter:
 
     def _open(self) -> IO[str]:
         if self._handle is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-            self._tmp = Path(tmp)
-            self._handle = os.fdopen(fd, "w", encoding="utf-8")
+            self._tmp = temp_sibling(self.path)
+            self._handle = open(self._tmp, "w", encoding="utf-8")  # noqa: SIM115 - closed in close/abort
         return self._handle
 
     def write(self, *, file: str, record: int | str, reason: str, raw: str, stage: Stage,
@@ -84,7 +82,7 @@ class QuarantineWriter:
         if self._handle is not None:
             self._handle.close()
         if self._tmp is not None:
-            self._tmp.unlink(missing_ok=True)
+            discard(self._tmp)
         self._handle = self._tmp = None
 
     def __enter__(self) -> QuarantineWriter:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import TypeAdapter
 
+from traceops.atomic import discard, temp_sibling
 from traceops.config import Paths
 from traceops.errors import StageError
 from traceops.schema import ROLES, Label, ToolSpec, Trajectory
@@ -288,10 +288,9 @@ class AppendSession:
             ("trajectories", self.store.trajectories_path, TRAJECTORY_SCHEMA, "id"),
             ("steps", self.store.steps_path, STEP_SCHEMA, "trajectory_id"),
         ):
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.store.folder)
-            os.close(fd)
+            tmp = temp_sibling(path)
             writer = pq.ParquetWriter(tmp, schema, compression="zstd")
-            self._writers[key] = (writer, Path(tmp))
+            self._writers[key] = (writer, tmp)
             if path.exists():
                 for batch in pq.ParquetFile(path).iter_batches(batch_size=65536):
                     table = pa.Table.from_batches([batch]).cast(schema)
@@ -338,7 +337,7 @@ class AppendSession:
         """Drop the temp files; the store is left as it was."""
         for writer, tmp in self._writers.values():
             writer.close()
-            tmp.unlink(missing_ok=True)
+            discard(tmp)
         self._writers = {}
 
     def __enter__(self) -> AppendSession:

@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -37,6 +36,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from traceops.atomic import atomic_write_text
 from traceops.config import Settings
 from traceops.errors import StageError
 from traceops.schema import ROLES
@@ -387,17 +387,8 @@ class RunValidation:
 
     def save(self, folder: Path) -> Path:
         """Write the record atomically to ``<folder>/<run-id>.validation.json``."""
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{self.run_id}.validation.json"
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(self.to_dict(), handle, indent=1, default=str)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return atomic_write_text(folder / f"{self.run_id}.validation.json",
+                                 json.dumps(self.to_dict(), indent=1, default=str))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -88,14 +88,34 @@ def _replace(
     return out
 
 
+def _call_at(turns: list[AssistantTurn], where: tuple[int, int]) -> Call:
+    return turns[where[0]].calls[where[1]]
+
+
+def _pick(
+    turns: list[AssistantTurn], rng: random.Random, targets: list[tuple[int, int]]
+) -> tuple[tuple[int, int], Call] | None:
+    """A target drawn at random and its call; None when there is no target."""
+    if not targets:
+        return None
+    where = rng.choice(targets)
+    return where, _call_at(turns, where)
+
+
+def _api_arguments(call: Call) -> dict[str, Any] | None:
+    """The inner ``arguments`` object of a ``call_api`` call (the API's own arguments), else None."""
+    inner = call.arguments.get("arguments")
+    return inner if call.name == "call_api" and isinstance(inner, dict) else None
+
+
 def wrong_tool(
     env: Environment, turns: list[AssistantTurn], rng: random.Random, *, targets: list[tuple[int, int]]
 ) -> list[AssistantTurn] | None:
     """Call another tool (for call_api: another API of the catalog, or an unlisted one) with the same args."""
-    if not targets:
+    picked = _pick(turns, rng, targets)
+    if picked is None:
         return None
-    where = rng.choice(targets)
-    call = turns[where[0]].calls[where[1]]
+    where, call = picked
     if call.name == "call_api":
         apis = sorted(a["name"] for a in env._task.get("apis", []))  # type: ignore[attr-defined]
         others = [a for a in apis if a != call.arguments.get("name")]
@@ -111,13 +131,12 @@ def dropped_argument(
     env: Environment, turns: list[AssistantTurn], rng: random.Random, *, targets: list[tuple[int, int]]
 ) -> list[AssistantTurn] | None:
     """Leave out one argument (for call_api: one of the API's arguments)."""
-    candidates = [w for w in targets if turns[w[0]].calls[w[1]].arguments]
-    if not candidates:
+    picked = _pick(turns, rng, [w for w in targets if _call_at(turns, w).arguments])
+    if picked is None:
         return None
-    where = rng.choice(candidates)
-    call = turns[where[0]].calls[where[1]]
-    inner = call.arguments.get("arguments")
-    if call.name == "call_api" and isinstance(inner, dict) and inner:
+    where, call = picked
+    inner = _api_arguments(call)
+    if inner:
         drop = rng.choice(sorted(inner))
         new_args = {**call.arguments, "arguments": {k: v for k, v in inner.items() if k != drop}}
     else:
@@ -133,16 +152,16 @@ def wrong_value(
     free = getattr(env, "_FREE_TEXT", frozenset())
     candidates = []
     for where in targets:
-        call = turns[where[0]].calls[where[1]]
-        inner = call.arguments.get("arguments")
-        if call.name == "call_api" and isinstance(inner, dict):
+        call = _call_at(turns, where)
+        inner = _api_arguments(call)
+        if inner is not None:
             candidates += [(where, ("arguments", k)) for k in sorted(inner)]
         else:
             candidates += [(where, (k,)) for k in sorted(call.arguments) if (call.name, k) not in free]
     if not candidates:
         return None
     where, path = rng.choice(candidates)
-    call = turns[where[0]].calls[where[1]]
+    call = _call_at(turns, where)
     new_args = copy.deepcopy(call.arguments)
     holder = new_args
     for key in path[:-1]:
@@ -155,10 +174,10 @@ def extra_call(
     env: Environment, turns: list[AssistantTurn], rng: random.Random, *, targets: list[tuple[int, int]]
 ) -> list[AssistantTurn] | None:
     """Add a call the task did not ask for, right after an effective one (the env says what it is)."""
-    if not targets:
+    picked = _pick(turns, rng, targets)
+    if picked is None:
         return None
-    where = rng.choice(targets)
-    call = turns[where[0]].calls[where[1]]
+    where, call = picked
     extra = env._extra_call(call, rng)  # type: ignore[attr-defined]
     if extra is None:
         return None
@@ -171,10 +190,10 @@ def truncated_json(
     """Cut the call's JSON text short: it no longer parses, so the call is lost and only text remains."""
     from traceops.envs.gym import parse_action
 
-    if not targets:
+    picked = _pick(turns, rng, targets)
+    if picked is None:
         return None
-    where = rng.choice(targets)
-    call = turns[where[0]].calls[where[1]]
+    where, call = picked
     text = json.dumps({"name": call.name, "arguments": call.arguments}, sort_keys=True)
     cut = text[: rng.randint(max(1, len(text) // 3), len(text) - 2)]
     parsed = parse_action(cut)
@@ -197,17 +216,13 @@ def reordered_steps(
     pairs = []
     for i, first in enumerate(targets):
         for second in targets[i + 1 :]:
-            a = turns[first[0]].calls[first[1]]
-            b = turns[second[0]].calls[second[1]]
-            if env._depends(a, b):  # type: ignore[attr-defined]
+            if env._depends(_call_at(turns, first), _call_at(turns, second)):  # type: ignore[attr-defined]
                 pairs.append((first, second))
     if not pairs:
         return None
     first, second = rng.choice(pairs)
-    a = turns[first[0]].calls[first[1]]
-    b = turns[second[0]].calls[second[1]]
-    swapped = _replace(turns, first, [b])
-    return _replace(swapped, second, [a])
+    swapped = _replace(turns, first, [_call_at(turns, second)])
+    return _replace(swapped, second, [_call_at(turns, first)])
 
 
 OPERATORS: dict[str, Callable[..., list[AssistantTurn] | None]] = {

@@ -20,9 +20,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from traceops.atomic import atomic_write_text
 from traceops.envs.calibration import Calibration, Episodes, calibrate
 from traceops.envs.families import FAMILIES
 from traceops.envs.family import Family
+from traceops.envs.folder import MANIFEST_NAME, read_task_specs
 from traceops.envs.grounding import assert_disjoint, build_grounding, select_seeds
 from traceops.envs.selftest import THRESHOLD, self_test
 from traceops.errors import ConfigError
@@ -110,9 +112,7 @@ class SynthesisResult:
 
 
 def _write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    return atomic_write_text(path, text)
 
 
 def _jsonl(tasks: Sequence[dict[str, Any]]) -> str:
@@ -287,7 +287,7 @@ def synthesize(
             hashes[split] = file_hash(path)
         manifest["files"] = hashes
         result.files.append(
-            _write(folder / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            _write(folder / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         )
         result.manifests[capability] = manifest
     summary = {
@@ -308,4 +308,4 @@ def load_split(out_dir: str | Path, capability: str, split: str) -> list[dict[st
     path = Path(out_dir) / capability / f"{split}.jsonl"
     if not path.exists():
         raise ConfigError(f"{path} does not exist; run the synthesize stage for '{capability}' first")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [task for _, task in read_task_specs(path)]

@@ -283,6 +283,28 @@ def build_tables(
     return tables, {n: schemas[n] for n in names}, enums
 
 
+def table_with_two_records(
+    grounding: Grounding, values: ValueFactory, rng: random.Random
+) -> tuple[dict[str, Any], dict[str, Any], str, str, str]:
+    """One generated table of four records and two of its keys drawn at random:
+    ``(tables, enums, table, key_a, key_b)``."""
+    tables, _, enums = build_tables(grounding, values, rng, n_tables=1, rows=4)
+    table = sorted(tables)[0]
+    a, b = rng.sample(sorted(tables[table]), 2)
+    return tables, enums, table, a, b
+
+
+def get_call(table: str, key: str) -> dict[str, Any]:
+    """A gold ``get_record`` call (the dict form task specs store)."""
+    return {"name": "get_record", "arguments": {"table": table, "key": key}}
+
+
+def update_call(table: str, key: str, field: str, value: Any) -> dict[str, Any]:
+    """A gold ``update_record`` call setting one field of one record."""
+    arguments = {"table": table, "key": key, "field": field, "value": value}
+    return {"name": "update_record", "arguments": arguments}
+
+
 def replay(env_class: type[TableEnv], spec: dict[str, Any]) -> dict[str, Any]:
     """Fill ``touched`` and ``expected_hash`` of ``spec`` by replaying its gold calls in a fresh env.
 

@@ -8,15 +8,20 @@ when it has one, else from the built-in family of the capability.
 
 from __future__ import annotations
 
-import importlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from traceops.envs.base import Environment
-from traceops.envs.families import UnknownCapabilityError, get_family
+from traceops.envs.families import UnknownCapabilityError
+from traceops.envs.folder import (
+    MANIFEST_NAME,
+    manifest_environment,
+    read_manifest,
+    read_task_specs,
+    split_path,
+)
 from traceops.errors import ConfigError, InputError
 from traceops.evaluation.metrics import CapabilityEval, EnvEval
 from traceops.hashing import content_hash
@@ -32,37 +37,15 @@ def list_capabilities(env_root: str | Path) -> list[str]:
     root = Path(env_root)
     if not root.is_dir():
         raise ConfigError(f"environments folder {root} does not exist; run `traceops synthesize` first")
-    return sorted(p.name for p in root.iterdir() if (p / "manifest.json").is_file())
-
-
-def _import_class(path: str, where: str) -> type[Environment]:
-    module_name, _, class_name = path.partition(":") if ":" in path else path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name, None)
-    except ImportError as exc:
-        raise ConfigError(
-            f"{where}: cannot import environment module '{module_name}' ({exc}); "
-            "regenerate the environments with `traceops synthesize`"
-        ) from exc
-    if not (isinstance(cls, type) and issubclass(cls, Environment)):
-        raise ConfigError(f"{where}: '{path}' is not an Environment subclass")
-    return cls
+    return sorted(p.name for p in root.iterdir() if (p / MANIFEST_NAME).is_file())
 
 
 def env_factory(env_root: str | Path, capability: str) -> Callable[[], Environment]:
     """A factory of fresh environments for one capability folder (manifest import path, else family)."""
     folder = Path(env_root) / capability
-    manifest_path = folder / "manifest.json"
-    if not manifest_path.is_file():
-        raise ConfigError(f"{manifest_path} is missing; run `traceops synthesize` for '{capability}'")
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON ({exc}); regenerate it", file=str(manifest_path)) from exc
-    if isinstance(manifest, dict) and isinstance(manifest.get("environment"), str):
-        return _import_class(manifest["environment"], str(manifest_path))
-    name = manifest.get("capability", capability) if isinstance(manifest, dict) else capability
-    return get_family(str(name)).make_env
+    manifest = read_manifest(folder, f"run `traceops synthesize` for '{capability}'")
+    return manifest_environment(manifest if isinstance(manifest, dict) else {},
+                                str(folder / MANIFEST_NAME), capability)
 
 
 def load_tasks(
@@ -70,24 +53,12 @@ def load_tasks(
 ) -> list[dict[str, Any]]:
     """The task specs of one split, in file order, at most ``limit``; each gets a ``task_id``."""
     folder = Path(env_root) / capability
-    for path in (folder / f"{split}.jsonl", folder / "tasks" / f"{split}.jsonl"):
-        if path.is_file():
-            break
-    else:
+    path = split_path(folder, split)
+    if path is None:
         raise ConfigError(f"{folder}: no '{split}' split ({split}.jsonl); run `traceops synthesize` first")
     tasks: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"not valid JSON ({exc})", file=str(path), record=number) from exc
-        if not isinstance(task, dict):
-            raise InputError(
-                "a task spec must be a JSON object of reset() arguments", file=str(path), record=number
-            )
+    for number, task in read_task_specs(path):
         task.setdefault("task_id", content_hash(task))
         if str(task["task_id"]) in seen:
             raise InputError(

@@ -178,6 +178,23 @@ def read_json_document(path: Path) -> tuple[Any, str] | Rejected:
         return Rejected(file, FILE_RECORD, "JSON nested too deeply to read", raw=text)
 
 
+def iter_json_values(path: Path) -> Iterator[tuple[int | None, Any, str] | Rejected]:
+    """The JSON values of a file as ``(line number, value, raw text)``: one per line of a JSON-lines
+    file, else the whole document once with line number ``None``. Unreadable lines (or an unreadable
+    document) come as ``Rejected``.
+    """
+    if looks_like_json_lines(path):
+        yield from iter_json_lines(path)
+        return
+    document = read_json_document(path)
+    yield document if isinstance(document, Rejected) else (None, *document)
+
+
+def over_record_limit(text: str) -> bool:
+    """True when ``text`` is over ``MAX_RECORD_BYTES`` in UTF-8; short texts are not encoded to know."""
+    return len(text) > MAX_RECORD_BYTES // 4 and len(text.encode("utf-8")) > MAX_RECORD_BYTES
+
+
 def read_file_text(path: Path, limit: int = MAX_RECORD_BYTES) -> str:
     """Up to ``limit`` bytes of a file as raw text, for rejections that concern the whole file."""
     try:

@@ -35,13 +35,7 @@ from traceops.formats.common import (
     tool_call,
     tool_spec,
 )
-from traceops.formats.files import (
-    FILE_RECORD,
-    head_shape,
-    iter_json_lines,
-    looks_like_json_lines,
-    read_json_document,
-)
+from traceops.formats.files import FILE_RECORD, head_shape, iter_json_values
 from traceops.schema import ROLES, Trajectory
 
 NAME = "openai"
@@ -65,31 +59,30 @@ class OpenAIReader:
     def read(self, path: Path, outcomes: OutcomeTable | None = None) -> Iterator[ReadItem]:
         """One item per JSON line, or per record of a JSON document (object or array)."""
         file = str(path)
-        if looks_like_json_lines(path):
-            for entry in iter_json_lines(path):
-                if isinstance(entry, Rejected):
-                    yield entry
-                    continue
-                number, value, line = entry
-                yield record_to_trajectory(value, file, number, outcomes, raw=line)
-            return
-        document = read_json_document(path)
-        if isinstance(document, Rejected):
-            yield document
-            return
-        value, text = document
-        if isinstance(value, dict):
-            yield record_to_trajectory(value, file, "$", outcomes, raw=text)
-        elif isinstance(value, list):
-            if not value:
-                yield Rejected(file, FILE_RECORD, "file holds an empty JSON array: no records to read",
-                               raw=text)
-            for index, item in enumerate(value):
-                yield record_to_trajectory(item, file, f"[{index}]", outcomes, raw=partial(dumps_raw, item))
-        else:
-            yield Rejected(file, FILE_RECORD,
-                           f"expected a JSON object or an array of records, found {type(value).__name__}",
-                           raw=text)
+        for entry in iter_json_values(path):
+            if isinstance(entry, Rejected):
+                yield entry
+                continue
+            number, value, text = entry
+            if number is not None:
+                yield record_to_trajectory(value, file, number, outcomes, raw=text)
+            else:
+                yield from _document_records(value, text, file, outcomes)
+
+
+def _document_records(value: Any, text: str, file: str, outcomes: OutcomeTable | None) -> Iterator[ReadItem]:
+    """The items of a whole-file JSON document: one record, or an array of records."""
+    if isinstance(value, dict):
+        yield record_to_trajectory(value, file, "$", outcomes, raw=text)
+    elif isinstance(value, list):
+        if not value:
+            yield Rejected(file, FILE_RECORD, "file holds an empty JSON array: no records to read", raw=text)
+        for index, item in enumerate(value):
+            yield record_to_trajectory(item, file, f"[{index}]", outcomes, raw=partial(dumps_raw, item))
+    else:
+        yield Rejected(file, FILE_RECORD,
+                       f"expected a JSON object or an array of records, found {type(value).__name__}",
+                       raw=text)
 
 
 def record_to_trajectory(value: Any, file: str, record: int | str, outcomes: OutcomeTable | None,

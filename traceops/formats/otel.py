@@ -38,14 +38,7 @@ from traceops.formats.common import (
     tool_call,
     tool_spec,
 )
-from traceops.formats.files import (
-    FILE_RECORD,
-    head_shape,
-    iter_json_lines,
-    looks_like_json_lines,
-    read_file_text,
-    read_json_document,
-)
+from traceops.formats.files import FILE_RECORD, head_shape, iter_json_values, read_file_text
 
 NAME = "otel"
 _EVENT_ROLES = {
@@ -88,23 +81,14 @@ class OTelReader:
         file = str(path)
         spans: list[Span] = []
         yielded = 0
-        if looks_like_json_lines(path):
-            for entry in iter_json_lines(path):
-                if isinstance(entry, Rejected):
-                    yielded += 1
-                    yield entry
-                    continue
-                number, value, line = entry
-                for rejected in _collect_into(spans, value, f"line {number}: ", file, number, raw=line):
-                    yielded += 1
-                    yield rejected
-        else:
-            document = read_json_document(path)
-            if isinstance(document, Rejected):
-                yield document
-                return
-            value, text = document
-            for rejected in _collect_into(spans, value, "", file, FILE_RECORD, raw=text):
+        for entry in iter_json_values(path):
+            if isinstance(entry, Rejected):
+                yielded += 1
+                yield entry
+                continue
+            number, value, text = entry
+            prefix, record = ("", FILE_RECORD) if number is None else (f"line {number}: ", number)
+            for rejected in _collect_into(spans, value, prefix, file, record, raw=text):
                 yielded += 1
                 yield rejected
         if not spans and not yielded:

@@ -34,7 +34,7 @@ from traceops.formats.common import (
     text_of,
     tool_call,
 )
-from traceops.formats.files import FILE_RECORD, head_shape, read_json_document
+from traceops.formats.files import FILE_RECORD, head_shape, over_record_limit, read_json_document
 
 NAME = "swe"
 # mini-swe-agent's action formats: ```bash (v1) and ```mswea_bash_command (v2 text models).
@@ -67,7 +67,7 @@ class SWEAgentReader:
             yield document
             return
         value, text = document
-        if len(text) > MAX_RECORD_BYTES // 4 and len(text.encode("utf-8")) > MAX_RECORD_BYTES:
+        if over_record_limit(text):
             yield Rejected(file, FILE_RECORD,
                            f"trajectory file is over the {MAX_RECORD_BYTES}-byte record limit "
                            "(raw keeps its first characters)", raw=text[:MAX_RECORD_BYTES])

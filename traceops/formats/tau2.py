@@ -31,7 +31,7 @@ from traceops.formats.common import (
     tool_call,
     tool_spec,
 )
-from traceops.formats.files import FILE_RECORD, head_shape, read_json_document
+from traceops.formats.files import FILE_RECORD, head_shape, over_record_limit, read_json_document
 
 NAME = "tau2"
 _INFO_KEYS = re.compile(r'"(environment_info|agent_info|user_info)"\s*:')
@@ -80,13 +80,13 @@ class Tau2Reader:
             yield Rejected(file, FILE_RECORD, "simulations must be a list", raw=text, field="simulations")
             return
         # Only a file over the record limit can hold an oversized simulation: measure those alone.
-        large = len(text) > MAX_RECORD_BYTES // 4 and len(text.encode("utf-8")) > MAX_RECORD_BYTES
+        large = over_record_limit(text)
         for index, simulation in enumerate(simulations):
             record = f"simulations[{index}]"
             raw_of = partial(dumps_raw, simulation)
             if large:
                 raw = raw_of()
-                if len(raw.encode("utf-8")) > MAX_RECORD_BYTES:
+                if over_record_limit(raw):
                     yield Rejected(file, record,
                                    f"simulation is over the {MAX_RECORD_BYTES}-byte record limit; "
                                    "raw keeps its first bytes", raw=raw[:MAX_RECORD_BYTES])

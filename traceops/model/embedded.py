@@ -15,13 +15,13 @@ import hashlib
 import importlib.util
 import json
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
+from traceops.atomic import atomic_folder
 from traceops.config import cache_dir
 from traceops.errors import ModelError
 from traceops.hashing import file_hash
@@ -89,19 +89,14 @@ def materialize(target: Path, build: Callable[[Path], dict[str, Any]]) -> Path:
         if target.exists():
             # A folder without a manifest is the leftover of an interrupted copy: never trust it.
             shutil.rmtree(target)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        try:
+        with atomic_folder(target) as tmp:
             extra = build(tmp)
             manifest = {**extra, "weights_sha256": safetensors_hash(tmp)}
             (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-            # mkdtemp makes the folder private; a cache is meant to be readable like any download.
+            # A cache is meant to be readable like any download, whatever the umask.
             tmp.chmod(0o755)
             for file in tmp.iterdir():
                 file.chmod(0o644)
-            tmp.rename(target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return target
 
 

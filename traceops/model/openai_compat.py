@@ -21,7 +21,7 @@ import httpx
 from traceops.errors import ModelError
 from traceops.hashing import content_hash
 from traceops.model.base import Completion, GenerationConfig, ModelInfo
-from traceops.model.toolcalls import assistant_text, messages_to_chat, tools_to_openai
+from traceops.model.toolcalls import arguments_or_raw, assistant_text, messages_to_chat, tools_to_openai
 
 CONNECT_TIMEOUT_S = 3.0
 
@@ -66,15 +66,7 @@ def response_text(message: dict[str, Any]) -> str:
     calls = []
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        arguments: Any = function.get("arguments")
-        if isinstance(arguments, str):
-            try:
-                decoded = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError:
-                decoded = None
-            # Arguments that are not a JSON object stay the raw string: the parser flags them malformed.
-            arguments = decoded if isinstance(decoded, dict) else arguments
-        calls.append((str(function.get("name") or ""), arguments if arguments is not None else {}))
+        calls.append((str(function.get("name") or ""), arguments_or_raw(function.get("arguments"))))
     content = message.get("content")
     if isinstance(content, list):
         content = "".join(part.get("text", "") for part in content if isinstance(part, dict))

@@ -98,15 +98,19 @@ def _tool_call_fields(call: Any) -> tuple[str, str | None, dict[str, Any] | str]
     arguments: Any = function.get("arguments")
     if not arguments and call.get("raw_arguments"):
         arguments = call["raw_arguments"]
+    return str(call.get("id") or ""), name, arguments_or_raw(arguments)
+
+
+def arguments_or_raw(arguments: Any) -> Any:
+    """Call arguments to render: a JSON-object string decoded (a blank one is ``{}``), ``None`` as ``{}``.
+
+    A string that is not a JSON object stays the raw string, so the parser later flags the call
+    malformed instead of it silently becoming a call without arguments; other values pass through.
+    """
     if isinstance(arguments, str):
-        try:
-            decoded = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            decoded = None
-        arguments = decoded if isinstance(decoded, dict) else arguments
-    if arguments is None:
-        arguments = {}
-    return str(call.get("id") or ""), name, arguments
+        decoded, _ = _as_arguments(arguments)
+        return arguments if decoded is None else decoded
+    return {} if arguments is None else arguments
 
 
 def messages_to_chat(messages: list[Any]) -> list[dict[str, Any]]:

@@ -15,11 +15,12 @@ A phase is finished when its adapter folder holds ``adapter_config.json`` and
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 from transformers.trainer_utils import get_last_checkpoint
+
+from traceops.atomic import atomic_folder, atomic_write_text
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
@@ -53,12 +54,9 @@ def is_adapter(folder: Path) -> bool:
 def save_adapter(model: Any, tokenizer: Any, folder: Path) -> Path:
     """Save a PeftModel's adapter (and the tokenizer with its chat template) atomically into ``folder``."""
     folder = Path(folder)
-    tmp = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    tokenizer.save_pretrained(str(tmp))
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    with atomic_folder(folder) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
     return folder
 
 
@@ -73,7 +71,4 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write a JSON object atomically."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.rename(path)
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

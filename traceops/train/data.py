@@ -14,13 +14,19 @@ by the same parser; tool results are ``tool`` messages.
 
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from traceops.envs.base import AssistantTurn, Environment
+from traceops.envs.folder import (
+    MANIFEST_NAME,
+    manifest_environment,
+    read_manifest,
+    read_task_specs,
+    split_path,
+)
 from traceops.errors import ConfigError, InputError
 from traceops.train.config import DEFAULT_SYSTEM_PROMPT
 
@@ -41,39 +47,9 @@ class EnvironmentSet:
         return list(self.splits.get(split, []))
 
 
-def import_environment(path: str, where: str) -> type[Environment]:
-    """The class named by ``module:Class`` (or ``module.Class``), checked to be an Environment subclass."""
-    module_name, _, class_name = path.partition(":") if ":" in path else path.rpartition(".")
-    if not module_name or not class_name:
-        raise ConfigError(f"{where}: 'environment' must look like 'package.module:ClassName', got {path!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{where}: cannot import environment module '{module_name}' ({exc}); install "
-                          "traceops or regenerate the environments with `traceops synthesize`") from exc
-    cls = getattr(module, class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Environment)):
-        raise ConfigError(f"{where}: '{path}' is not an Environment subclass")
-    return cls
-
-
 def _read_split(folder: Path, split: str) -> list[dict[str, Any]]:
-    for path in (folder / f"{split}.jsonl", folder / "tasks" / f"{split}.jsonl"):
-        if path.is_file():
-            tasks = []
-            for number, line in enumerate(path.read_text().splitlines(), start=1):
-                if not line.strip():
-                    continue
-                try:
-                    task = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"not valid JSON ({exc})", file=str(path), record=number) from exc
-                if not isinstance(task, dict):
-                    raise InputError("a task spec must be a JSON object of reset() arguments",
-                                     file=str(path), record=number)
-                tasks.append(task)
-            return tasks
-    return []
+    path = split_path(folder, split)
+    return [] if path is None else [task for _, task in read_task_specs(path)]
 
 
 def load_environment_set(envs_dir: str | Path, capability: str | None = None) -> EnvironmentSet:
@@ -82,25 +58,11 @@ def load_environment_set(envs_dir: str | Path, capability: str | None = None) ->
     if not folder.is_dir():
         raise ConfigError(f"environments folder {folder} does not exist; run `traceops synthesize` first "
                           "or pass the folder of an existing capability (data/environments/<capability>)")
-    manifest_path = folder / "manifest.json"
-    if not manifest_path.is_file():
-        raise ConfigError(f"{manifest_path} is missing; the folder is not a synthesized environment set")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON ({exc})", file=str(manifest_path)) from exc
+    manifest_path = folder / MANIFEST_NAME
+    manifest = read_manifest(folder, "the folder is not a synthesized environment set")
     if not isinstance(manifest, dict):
         raise InputError("expected a JSON object", file=str(manifest_path))
-    env_path = manifest.get("environment")
-    if isinstance(env_path, str):
-        cls = import_environment(env_path, str(manifest_path))
-    elif isinstance(manifest.get("capability"), str):
-        from traceops.envs.families import get_family
-
-        cls = get_family(manifest["capability"]).env_class
-    else:
-        raise InputError("names neither the capability (a built-in family) nor an environment class",
-                         file=str(manifest_path), field="capability")
+    cls = manifest_environment(manifest, str(manifest_path))
     splits = {split: _read_split(folder, split) for split in SPLITS}
     if not splits["train"]:
         raise ConfigError(f"{folder}: no training tasks (tasks/train.jsonl or train.jsonl); regenerate it")

@@ -13,20 +13,13 @@ from typing import Any, ClassVar
 
 from traceops.envs.family import Family, opening
 from traceops.envs.grounding import Grounding, ValueFactory
-from traceops.envs.tables import TableEnv, build_tables, replay
+from traceops.envs.tables import TableEnv, replay, table_with_two_records, update_call
 
 
 class ErrorRecoveryEnv(TableEnv):
     """Generic record tools with injected faults and enum validation."""
 
     capability: ClassVar[str] = "error_recovery"
-
-
-def _set(table: str, key: str, field: str, value: Any) -> dict[str, Any]:
-    return {
-        "name": "update_record",
-        "arguments": {"table": table, "key": key, "field": field, "value": value},
-    }
 
 
 def spoken(value: str) -> str:
@@ -44,9 +37,7 @@ class ErrorRecoveryFamily(Family):
     def make_task(
         self, rng: random.Random, values: ValueFactory, grounding: Grounding, level: int
     ) -> dict[str, Any]:
-        tables, schemas, enums = build_tables(grounding, values, rng, n_tables=1, rows=4)
-        table = sorted(tables)[0]
-        a, b = rng.sample(sorted(tables[table]), 2)
+        tables, enums, table, a, b = table_with_two_records(grounding, values, rng)
         statuses = [s for s in enums[table].get("status", []) if spoken(s) != s]
         if not statuses and level == 2:
             level = 1  # the grounding's status values cannot be misspelled: fall back to a retry
@@ -60,14 +51,17 @@ class ErrorRecoveryFamily(Family):
             faults.append(
                 {"table": table, "key": a, "times": times, "message": "service temporarily unavailable (503)"}
             )
-            gold += [_set(table, a, "amount", amount)] * (times + 1)
+            gold += [update_call(table, a, "amount", amount)] * (times + 1)
             errors += times
             requests.append(f"set the amount of {table} record {a} to {amount}")
         if level >= 2:
             target = b if level == 3 else a
             current = tables[table][target]["status"]
             value = rng.choice([s for s in statuses if s != current])
-            gold += [_set(table, target, "status", spoken(value)), _set(table, target, "status", value)]
+            gold += [
+                update_call(table, target, "status", spoken(value)),
+                update_call(table, target, "status", value),
+            ]
             errors += 1
             requests.append(f"set the status of {table} record {target} to {spoken(value)}")
         spec = {

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from traceops.envs.apis import render_value
 from traceops.envs.family import Family, opening
 from traceops.envs.grounding import Grounding, ValueFactory
-from traceops.envs.tables import TableEnv, build_tables, field_value, replay
+from traceops.envs.tables import TableEnv, build_tables, field_value, replay, update_call
 from traceops.envs.verify import normalize_value
 
 
@@ -49,11 +49,8 @@ def update_step(
     current = state.setdefault((table, key), dict(tables[table].get(key, {})))[field]
     value = new_value(rng, values, schemas[table]["fields"][field], current)
     state[(table, key)][field] = value
-    call = {
-        "name": "update_record",
-        "arguments": {"table": table, "key": key, "field": field, "value": value},
-    }
-    return call, f"set the {field} of {table} record {key} to {render_value(value)}"
+    sentence = f"set the {field} of {table} record {key} to {render_value(value)}"
+    return update_call(table, key, field, value), sentence
 
 
 class MultiStepTransactionFamily(Family):

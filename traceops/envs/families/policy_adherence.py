@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from traceops.envs.family import Family, opening
 from traceops.envs.grounding import Grounding, ValueFactory
-from traceops.envs.tables import TableEnv, build_tables, replay
+from traceops.envs.tables import TableEnv, build_tables, get_call, replay, update_call
 
 EDITABLE = ("pending", "processing")
 LOCKED = ("delivered", "cancelled")
@@ -55,7 +55,7 @@ class PolicyAdherenceFamily(Family):
         requests = []
         for key, allowed in zip(keys, verdicts, strict=True):
             row = tables[table][key]
-            gold.append({"name": "get_record", "arguments": {"table": table, "key": key}})
+            gold.append(get_call(table, key))
             over_limit = level >= 3 and allowed is False and rng.random() < 0.5
             row["status"] = rng.choice(EDITABLE if allowed or over_limit else LOCKED)
             if over_limit:
@@ -66,12 +66,7 @@ class PolicyAdherenceFamily(Family):
                     value = rng.randint(10, limit)
             requests.append(f"set the amount of {table} record {key} to {value}")
             if allowed:
-                gold.append(
-                    {
-                        "name": "update_record",
-                        "arguments": {"table": table, "key": key, "field": "amount", "value": value},
-                    }
-                )
+                gold.append(update_call(table, key, "amount", value))
         policy = "\n".join(f"- {rule}" for rule in rules)
         lines = "\n".join(f"{i}. {r[0].upper()}{r[1:]}." for i, r in enumerate(requests, 1))
         spec = {

@@ -14,24 +14,13 @@ from typing import Any, ClassVar
 
 from traceops.envs.family import Family, opening
 from traceops.envs.grounding import Grounding, ValueFactory
-from traceops.envs.tables import TableEnv, build_tables, replay
+from traceops.envs.tables import TableEnv, get_call, replay, table_with_two_records, update_call
 
 
 class StateTrackingEnv(TableEnv):
     """Generic record tools; the instruction speaks in deltas."""
 
     capability: ClassVar[str] = "state_tracking"
-
-
-def _get(table: str, key: str) -> dict[str, Any]:
-    return {"name": "get_record", "arguments": {"table": table, "key": key}}
-
-
-def _set(table: str, key: str, field: str, value: Any) -> dict[str, Any]:
-    return {
-        "name": "update_record",
-        "arguments": {"table": table, "key": key, "field": field, "value": value},
-    }
 
 
 class StateTrackingFamily(Family):
@@ -44,23 +33,21 @@ class StateTrackingFamily(Family):
     def make_task(
         self, rng: random.Random, values: ValueFactory, grounding: Grounding, level: int
     ) -> dict[str, Any]:
-        tables, schemas, enums = build_tables(grounding, values, rng, n_tables=1, rows=4)
-        table = sorted(tables)[0]
-        a, b = rng.sample(sorted(tables[table]), 2)
+        tables, enums, table, a, b = table_with_two_records(grounding, values, rng)
         amount_a = tables[table][a]["amount"]
         amount_b = tables[table][b]["amount"]
-        gold: list[dict[str, Any]] = [_get(table, a)]
+        gold: list[dict[str, Any]] = [get_call(table, a)]
         if level == 1:
             delta = rng.randint(5, 60)
-            gold.append(_set(table, a, "amount", amount_a + delta))
+            gold.append(update_call(table, a, "amount", amount_a + delta))
             request = f"Please add {delta} to the amount of {table} record {a}."
         elif level == 2:
             up = rng.randint(20, 60)
             down = rng.choice([d for d in range(5, 20) if amount_a + up - d != amount_b])
             gold += [
-                _get(table, b),
-                _set(table, a, "amount", amount_a + up),
-                _set(table, b, "amount", amount_a + up - down),
+                get_call(table, b),
+                update_call(table, a, "amount", amount_a + up),
+                update_call(table, b, "amount", amount_a + up - down),
             ]
             request = (
                 f"Please add {up} to the amount of {table} record {a}. Then set the amount of record {b} "
@@ -74,10 +61,10 @@ class StateTrackingFamily(Family):
             tables[table][a]["status"] = "pending"
             status = "on_hold" if left < threshold else "processing"
             gold += [
-                _get(table, b),
-                _set(table, a, "amount", left),
-                _set(table, b, "amount", amount_b + move - fee),
-                _set(table, a, "status", status),
+                get_call(table, b),
+                update_call(table, a, "amount", left),
+                update_call(table, b, "amount", amount_b + move - fee),
+                update_call(table, a, "status", status),
             ]
             request = (
                 f"Please move {move} from the amount of {table} record {a} to the amount of record {b}, "
