@@ -21,7 +21,9 @@ from traceops.schema import Trajectory
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "raw" / "sample"
 # How the bundled planted sample was made (`traceops collect`, see traceops.collect's docstring).
-PLANTED_ARGS = ["--domain", "retail", "--model", "planted", "--tasks", "320", "--seed", "0"]
+PLANTED_ARGS = ["--domain", "retail", "--model", "planted", "--tasks", "320", "--seed", "0", "--rates",
+                '{"tool_call_format": 0.16, "argument_grounding": 0.15, "policy_adherence": 1.0, '
+                '"error_recovery": 1.0}']
 
 
 def _read(path: Path) -> list[Trajectory]:

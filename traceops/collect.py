@@ -4,7 +4,9 @@ The output is the format users' own logs come in, so ``traceops ingest`` reads c
 any production log. ``model_spec`` is what ``traceops.model.load_model`` takes (``embedded``, a folder,
 an endpoint URL) or ``planted`` for the planted-gap agent (ground-truth capability labels included).
 
-    traceops collect --domain retail --model planted --tasks 320 --out data/raw/sample
+    traceops collect --domain retail --model planted --tasks 320 --seed 0 --out data/raw/sample \
+        --rates '{"tool_call_format": 0.16, "argument_grounding": 0.15, "policy_adherence": 1.0,
+                  "error_recovery": 1.0}'
     traceops collect --domain retail --model embedded --tasks 17 --max-turns 2 \
         --max-new-tokens 48 --batch-size 17 --out data/raw/sample
 """

@@ -8,8 +8,11 @@ hit is a root cause rather than a downstream symptom: attribution multiplies it 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import date
+from typing import Any
 
 from traceops.diagnose import heuristics as h
 from traceops.diagnose.jsonschema_check import violations
@@ -62,15 +65,43 @@ def unknown_tool(v: TraceView) -> list[Hit]:
     ]
 
 
+def _fitting_tools(arguments: dict[str, Any], specs: dict[str, Any], exclude: str) -> list[str]:
+    """Other tools whose schema the arguments satisfy and that take every argument given."""
+    out = []
+    for name, schema in specs.items():
+        props = (schema or {}).get("properties") or {}
+        fits = arguments and set(arguments) <= set(props) and not violations(arguments, schema)
+        if name != exclude and fits:
+            out.append(name)
+    return sorted(out)
+
+
 def schema_violation(v: TraceView) -> list[Hit]:
-    """Arguments breaking the tool's JSON schema: required, types, enums, unexpected names."""
+    """Arguments breaking the tool's JSON schema: required, types, enums, unexpected names.
+
+    When the same arguments fit another tool's schema exactly, the call is the wrong tool with the
+    right arguments (``wrong_tool``, tool_selection) rather than a malformed call.
+    """
     specs = {t.name: t.parameters for t in v.trajectory.tools}
     hits = []
     for c in v.calls:
         if c.malformed or c.name not in specs:
             continue
         problems = violations(c.arguments, specs[c.name])
-        if problems:
+        if not problems:
+            continue
+        fitting = _fitting_tools(c.arguments, specs, c.name)
+        if fitting:
+            hits.append(
+                Hit(
+                    "wrong_tool",
+                    c.step,
+                    "tool_selection",
+                    f"{c.name}: {'; '.join(problems[:2])}; the arguments fit {', '.join(fitting[:3])}",
+                    0.85,
+                )
+            )
+        else:
             hits.append(
                 Hit(
                     "schema_violation",
@@ -97,10 +128,15 @@ def ungrounded_argument(v: TraceView) -> list[Hit]:
             if isinstance(p, dict)
             for e in p.get("enum", [])
         }
+        # A value the tool's own error quotes without saying it refers to nothing (out of stock, wrong
+        # state) exists: the call was refused for another reason, which error_recovery judges.
+        recognised = h.is_tool_error(c.result) and not h.not_found_error(c.result)
         missing = [
             val
             for val in h.checkable_values(c.arguments)
-            if str(val) not in enum_values and not h.grounded(val, ctx)
+            if str(val) not in enum_values
+            and not h.grounded(val, ctx)
+            and not (recognised and str(val) in (c.result or ""))
         ]
         if missing:
             hits.append(
@@ -191,6 +227,7 @@ def missing_write(v: TraceView) -> list[Hit]:
 
     Heuristic: the user's request contains an action verb (cancel, return, exchange, update, ...), the
     agent has at least one write tool (a name starting with a write verb) and called none of them.
+    A final answer that declines with a reason (a policy refusal) lowers severity to 0.3.
     """
     verb = h.write_requested(v)
     if verb is None or not any(v.is_write(t) for t in v.tool_names):
@@ -198,15 +235,64 @@ def missing_write(v: TraceView) -> list[Hit]:
     if any(v.is_write(c.name) and not c.malformed for c in v.calls):
         return []
     last = max((i for i, m in enumerate(v.messages) if m.role == "assistant"), default=len(v.messages) - 1)
+    final = v.final_answer_step()
+    refused = final is not None and h.reasoned_refusal(v.text(final))
     return [
         Hit(
             "missing_write",
             last,
             "multi_step_transaction",
-            f"user asked to {verb}; the agent ended without calling any write tool",
-            0.7,
+            f"user asked to {verb}; the agent ended without calling any write tool"
+            + (" (it declined with a reason)" if refused else ""),
+            0.3 if refused else 0.7,
         )
     ]
+
+
+def claimed_write(v: TraceView) -> list[Hit]:
+    """The final answer says an action was done (cancelled, returned, ...) that no successful write did.
+
+    A past participle of a write verb counts when the agent has a write tool named with that verb;
+    it is a claim without action when no call of such a tool succeeded, or when an id in the same
+    sentence was not an argument of any successful one (one of several orders left untouched). Only
+    verbs the user's request uses count (a status report "is cancelled" is not a claim), and
+    sentences that decline with a reason are skipped.
+    """
+    step = v.final_answer_step()
+    if step is None or v.bash_style:
+        return []
+    tools: dict[str, set[str]] = {}
+    for name in v.tool_names:
+        if v.is_write(name):
+            tools.setdefault(name.split("_")[0].lower(), set()).add(name)
+    done_ids: dict[str, set[str]] = {}
+    for c in v.calls:
+        if not c.malformed and v.is_write(c.name) and c.result is not None and not h.is_tool_error(c.result):
+            done_ids.setdefault(c.name.split("_")[0].lower(), set()).update(
+                x.lower().lstrip("#") for x in _ids(c.arguments)
+            )
+    asked = {h.stem(w) for w in h.content_words(h.request_text(v))} | set(
+        re.findall(r"[a-z]+", h.request_text(v).lower())
+    )
+    for sentence in h.sentences(v.text(step)):
+        if h.reasoned_refusal(sentence):
+            continue
+        for verb in sorted(h.claimed_verbs(sentence, {t for t in tools if t in asked or h.stem(t) in asked})):
+            ids = {x for x in h.claim_tokens(sentence) if h.norm_number(x) is None}
+            missing = sorted(ids - done_ids.get(verb, set())) if verb in done_ids else sorted(ids) or ["-"]
+            if missing:
+                what = "no successful call" if verb not in done_ids else f"not for {', '.join(missing[:3])}"
+                return [
+                    Hit(
+                        "claimed_write",
+                        step,
+                        "multi_step_transaction",
+                        f"final answer claims '{verb}' ({_clip(sentence, 80)}); {what} of "
+                        f"{', '.join(sorted(tools[verb]))}",
+                        0.7,
+                    )
+                ]
+    return []
 
 
 def unsupported_claim(v: TraceView) -> list[Hit]:
@@ -230,10 +316,19 @@ def unsupported_claim(v: TraceView) -> list[Hit]:
 
 
 def irrelevant_call(v: TraceView) -> list[Hit]:
-    """A tool call although the request is out of scope (no content word shared with the tools)."""
+    """A tool call although the request is out of scope (no content word shared with the tools).
+
+    Silent when the first call's output shares a content word with the request: the tools knew about
+    it (a product name the tool descriptions do not mention), so it was in scope. Silent too when the
+    first call is malformed: that is the failure seen, and no output tells the scope.
+    """
     if not v.calls or not h.out_of_scope(v):
         return []
     c = v.calls[0]
+    if c.malformed:
+        return []  # the call's format failed first, and there is no output to check the scope against
+    if not h.is_tool_error(c.result) and h.content_words(c.result or "") & h.content_words(h.request_text(v)):
+        return []  # the tool's answer is about what the user asked: the request was in scope
     return [
         Hit(
             "irrelevant_call",
@@ -245,8 +340,37 @@ def irrelevant_call(v: TraceView) -> list[Hit]:
     ]
 
 
+def no_call(v: TraceView) -> list[Hit]:
+    """An in-scope request (it shares words with the tools) answered without calling any tool.
+
+    The agent had tools that fit the request and chose none: whatever it answered is unfounded.
+    Bash-in-text agents and unknown tool lists are not judged.
+    """
+    if v.calls or v.bash_style or not v.trajectory.tools or h.out_of_scope(v) is not False:
+        return []
+    first = next((i for i, m in enumerate(v.messages) if m.role == "assistant"), None)
+    if first is None:
+        return []
+    return [
+        Hit(
+            "no_call",
+            first,
+            "tool_selection",
+            f"answered an in-scope request without any of {len(v.tool_names)} tools: "
+            f"{_clip(h.request_text(v), 80)}",
+            0.7,
+        )
+    ]
+
+
 def write_without_confirmation(v: TraceView) -> list[Hit]:
-    """A write call not preceded by an explicit user confirmation (tau-bench style policy)."""
+    """A write call not preceded by an explicit user confirmation, when the policy asks for one.
+
+    A logged policy (system prompt) that never mentions confirmation does not require it; without a
+    logged policy the tau-bench convention (confirm every write) applies.
+    """
+    if not h.confirmation_required(v):
+        return []
     return [
         Hit(
             "write_without_confirmation",
@@ -258,6 +382,115 @@ def write_without_confirmation(v: TraceView) -> list[Hit]:
         for c in v.calls
         if c.source != "bash" and not c.malformed and v.is_write(c.name) and not h.confirmed_before(v, c.step)
     ]
+
+
+def _ids(arguments: dict[str, Any]) -> set[str]:
+    return {str(x) for x in h.checkable_values(arguments) if isinstance(x, str)}
+
+
+def stale_write(v: TraceView) -> list[Hit]:
+    """A write that targets exactly the objects an earlier successful write of the same tool already did.
+
+    The agent lost track of which object it had handled (e.g. cancelled the first order twice instead
+    of the second one).
+    """
+    hits = []
+    writes = [c for c in v.calls if c.source != "bash" and not c.malformed and v.is_write(c.name)]
+    for i, c in enumerate(writes):
+        ids = _ids(c.arguments)
+        if not ids:
+            continue
+        earlier = next(
+            (
+                e
+                for e in writes[:i]
+                if e.name == c.name and not h.is_tool_error(e.result) and ids <= _ids(e.arguments)
+            ),
+            None,
+        )
+        if earlier is not None:
+            hits.append(
+                Hit(
+                    "stale_write",
+                    c.step,
+                    "state_tracking",
+                    f"{c.name} on {', '.join(sorted(ids)[:3])} again, already done at step {earlier.step}",
+                    0.85,
+                )
+            )
+    return hits
+
+
+def precondition_violation(v: TraceView) -> list[Hit]:
+    """A write whose tool name or description requires a status the target object does not have.
+
+    Status words are the ``status`` values seen in tool outputs (pending, delivered, ...); a write
+    tool naming one of them (``cancel_pending_order``) or saying "Only X orders ..." in its description
+    requires it, and the latest tool output about the call's id argument says which status the object
+    has.
+    """
+    words = h.status_words(v)
+    if not words:
+        return []
+    specs = {t.name: t for t in v.trajectory.tools}
+    hits = []
+    for c in v.calls:
+        if c.source == "bash" or c.malformed or not v.is_write(c.name):
+            continue
+        spec = specs.get(c.name)
+        required = h.required_states(c.name, spec.description if spec else "", words)
+        if not required:
+            continue
+        for ident in sorted(_ids(c.arguments)):
+            status = h.observed_status(v, ident, c.step)
+            if status is not None and status not in required:
+                hits.append(
+                    Hit(
+                        "precondition_violation",
+                        c.step,
+                        "policy_adherence",
+                        f"{c.name} requires status {'/'.join(sorted(required))}; {ident} is {status!r}",
+                        0.8,
+                    )
+                )
+                break
+    return hits
+
+
+def window_violation(v: TraceView) -> list[Hit]:
+    """A write outside a policy time window ("... returned ... only within 30 days of the delivery date").
+
+    Needs a logged policy with such a rule and a "Today is YYYY-MM-DD" date. The rule covers writes
+    whose verb is in the rule's sentence; the event date is the target object's date field whose name
+    shares its first five letters with the event word (delivery -> delivered_date) in the latest tool
+    output about the call's id argument.
+    """
+    policy = h.policy_text(v)
+    rules, now = h.time_windows(policy), h.today(policy)
+    if not rules or now is None:
+        return []
+    hits = []
+    for c in v.calls:
+        if c.source == "bash" or c.malformed or not v.is_write(c.name):
+            continue
+        verb = h.stem(c.name.split("_")[0].lower())
+        for days, event, words in rules:
+            if verb not in words:
+                continue
+            late = None
+            for ident in sorted(_ids(c.arguments)):
+                dates = h.observed_dates(v, ident, c.step)
+                field = next((k for k in sorted(dates) if k.lower().startswith(event[:5])), None)
+                if field is not None:
+                    age = (date.fromisoformat(now) - date.fromisoformat(dates[field])).days
+                    if age > days:
+                        late = f"{c.name} on {ident}: {field} {dates[field]} is {age} days before {now}"
+                        break
+            if late:
+                evidence = f"{late}, over the {days}-day limit"
+                hits.append(Hit("window_violation", c.step, "policy_adherence", evidence, 0.8))
+                break
+    return hits
 
 
 def command_error(v: TraceView) -> list[Hit]:
@@ -294,8 +527,13 @@ DETECTORS: dict[str, Callable[[TraceView], list[Hit]]] = {
     "unrecovered_error": unrecovered_error,
     "missing_write": missing_write,
     "unsupported_claim": unsupported_claim,
+    "claimed_write": claimed_write,
     "irrelevant_call": irrelevant_call,
+    "no_call": no_call,
     "write_without_confirmation": write_without_confirmation,
+    "stale_write": stale_write,
+    "precondition_violation": precondition_violation,
+    "window_violation": window_violation,
     "command_error": command_error,
 }
 
@@ -304,23 +542,39 @@ DETECTORS: dict[str, Callable[[TraceView], list[Hit]]] = {
 PRIOR: dict[str, float] = {
     "malformed_call": 0.95,
     "unknown_tool": 0.9,
+    "wrong_tool": 0.9,
     "schema_violation": 0.85,
+    "stale_write": 0.85,
+    "precondition_violation": 0.85,
+    "window_violation": 0.85,
     "ungrounded_argument": 0.85,
     "irrelevant_call": 0.8,
+    "no_call": 0.75,
     "write_without_confirmation": 0.75,
     "repeated_call": 0.6,
     "unrecovered_error": 0.65,
     "command_error": 0.6,
     "missing_write": 0.55,
+    "claimed_write": 0.55,
     "unsupported_claim": 0.5,
 }
 
 
 ROOT = frozenset(
-    {"malformed_call", "unknown_tool", "schema_violation", "ungrounded_argument", "irrelevant_call"}
+    {
+        "malformed_call",
+        "unknown_tool",
+        "wrong_tool",
+        "schema_violation",
+        "ungrounded_argument",
+        "irrelevant_call",
+        "stale_write",
+        "precondition_violation",
+        "window_violation",
+    }
 )
-STOPPERS = ROOT | {"unrecovered_error", "command_error"}
-WRONG_CALL = frozenset({"malformed_call", "unknown_tool", "irrelevant_call"})
+STOPPERS = ROOT | {"unrecovered_error", "command_error", "no_call"}
+WRONG_CALL = frozenset({"malformed_call", "unknown_tool", "wrong_tool", "irrelevant_call"})
 
 
 def explain(hits: list[Hit], min_severity: float = 0.5) -> list[Hit]:
@@ -329,7 +583,8 @@ def explain(hits: list[Hit], min_severity: float = 0.5) -> list[Hit]:
     - an argument problem (ungrounded, schema) on a call that is wrong as a whole (malformed, unknown
       tool, out of scope) is explained by that;
     - an unrecovered error whose failing call already has a root-cause hit is explained by it;
-    - a missing write is explained by an earlier root-cause or error hit at or above ``min_severity``
+    - a missing write (or a claimed one) is explained by a root-cause or error hit at or before its
+      step at or above ``min_severity``
       (the agent stopped because a call failed); a redundant read or a policy slip does not stop an
       agent, so those never explain it.
     """
@@ -339,13 +594,23 @@ def explain(hits: list[Hit], min_severity: float = 0.5) -> list[Hit]:
         if hit.detector in ("ungrounded_argument", "schema_violation"):
             cause = next((x for x in hits if x.step == hit.step and x.detector in WRONG_CALL), None)
         elif hit.detector == "unrecovered_error" and hit.cause_step is not None:
-            cause = next((x for x in hits if x.step == hit.cause_step and x.detector in ROOT), None)
-        elif hit.detector == "missing_write":
             cause = next(
                 (
                     x
                     for x in hits
-                    if x.step < hit.step and x.severity >= min_severity and x.detector in STOPPERS
+                    if x.step == hit.cause_step and x.detector in ROOT and x.severity >= min_severity
+                ),
+                None,
+            )
+        elif hit.detector in ("missing_write", "claimed_write"):
+            cause = next(
+                (
+                    x
+                    for x in hits
+                    if x.step <= hit.step
+                    and x is not hit
+                    and x.severity >= min_severity
+                    and x.detector in STOPPERS
                 ),
                 None,
             )

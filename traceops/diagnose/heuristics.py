@@ -5,6 +5,7 @@ Each heuristic is documented where it is defined; all are deterministic and lexi
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -48,7 +49,6 @@ ACTION_VERBS = frozenset(
         "edit",
         "add",
         "purchase",
-        "order",
     }
 )
 STOPWORDS = frozenset(
@@ -140,6 +140,25 @@ STOPWORDS = frozenset(
     ]
 )
 SMALL_INT = 10  # integers below this (counts, quantities) are too common to need grounding
+# Errors that say a value refers to nothing (as opposed to refusing an existing thing: out of stock, ...).
+_NOT_FOUND = re.compile(
+    r"\b(not found|no such|does not exist|doesn't exist|unknown|invalid|(?:is|are) not (?:in|part of)|"
+    r"does not belong|doesn't belong|no (?:user|order|product|item|record|"
+    r"account|match)\w*|could not find|cannot find|can't find)\b",
+    re.I,
+)
+_REFUSAL = re.compile(
+    r"\b(can ?not|can't|can no longer|no longer be|not (?:be )?(?:eligible|allowed|possible|permitted)"
+    r"|only \w+(?: \w+)? (?:can|may) be|is not allowed|against (?:the|our) policy)\b",
+    re.I,
+)
+_ONLY_STATE = re.compile(r"\bonly ([a-z]+)\b", re.I)
+_CONFIRM_POLICY = re.compile(
+    r"\bconfirm|\bexplicit (?:yes|consent|approval|agreement|permission)"
+    r"|\b(?:user|customer)'s (?:consent|approval)",
+    re.I,
+)
+_STATUS = re.compile(r"[\"']status[\"']\s*:\s*[\"']([A-Za-z_ ]+)[\"']")
 
 
 def is_tool_error(text: str | None) -> bool:
@@ -198,7 +217,8 @@ class Context:
 def checkable_values(value: Any) -> list[Any]:
     """Argument leaves that must be grounded: id-like strings (with a digit or '@') and numbers >= 10.
 
-    Free text (a reason, a name) and small integers are not checked: they are legitimately composed.
+    Free text (a reason, a summary) is not checked as a whole, only the ids, emails and numbers in it;
+    small integers are not checked: they are legitimately composed.
     """
     if isinstance(value, dict):
         return [v for item in value.values() for v in checkable_values(item)]
@@ -208,6 +228,8 @@ def checkable_values(value: Any) -> list[Any]:
         return []
     if isinstance(value, (int, float)):
         return [value] if abs(value) >= SMALL_INT or not float(value).is_integer() else []
+    if isinstance(value, str) and re.search(r"\s", value.strip()):
+        return sorted(claim_tokens(value))  # free text: only the ids, emails and numbers in it
     if isinstance(value, str) and (("@" in value) or re.search(r"\d", value)) and len(value) <= 200:
         return [value]
     return []
@@ -283,3 +305,154 @@ def confirmed_before(view: TraceView, step: int) -> bool:
         if msg.role == "user":
             return bool(_CONFIRM.search(msg.content or ""))
     return False
+
+
+def not_found_error(text: str | None) -> bool:
+    """A tool error saying that a value refers to nothing (not found, unknown, invalid id, ...)."""
+    return is_tool_error(text) and bool(_NOT_FOUND.search(text or ""))
+
+
+def policy_text(view: TraceView) -> str | None:
+    """The system prompt(s) of the trajectory: the agent's policy; None when none was logged."""
+    texts = [m.content or "" for m in view.messages if m.role == "system"]
+    return "\n".join(texts) if any(texts) else None
+
+
+def confirmation_required(view: TraceView) -> bool:
+    """Whether writes need an explicit user confirmation.
+
+    The logged policy decides when there is one (it must mention confirmation, an explicit yes,
+    consent or approval); without a logged
+    policy the tau-bench convention (confirm every write) is assumed.
+    """
+    policy = policy_text(view)
+    return policy is None or bool(_CONFIRM_POLICY.search(policy))
+
+
+def status_words(view: TraceView) -> set[str]:
+    """Every status value seen in tool outputs (``"status": "pending"`` ...), lowercased."""
+    return {
+        s.strip().lower()
+        for m in view.messages
+        if m.role == "tool"
+        for s in _STATUS.findall(m.content or "")
+    }
+
+
+def _status_of(node: Any, ident: str) -> str | None:
+    """The status of the JSON object in ``node`` that carries ``ident`` as a value."""
+    if isinstance(node, dict):
+        if ident in (str(v) for v in node.values()) and isinstance(node.get("status"), str):
+            return node["status"].strip().lower()
+        children = list(node.values())
+    elif isinstance(node, list):
+        children = node
+    else:
+        return None
+    for child in children:
+        found = _status_of(child, ident)
+        if found is not None:
+            return found
+    return None
+
+
+def observed_status(view: TraceView, ident: str, before: int) -> str | None:
+    """The status the latest tool output before step ``before`` reports for the object ``ident``."""
+    for i in range(before - 1, -1, -1):
+        msg = view.messages[i]
+        if msg.role != "tool" or ident not in (msg.content or ""):
+            continue
+        try:
+            found = _status_of(json.loads(msg.content or ""), ident)
+        except ValueError:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def reasoned_refusal(text: str | None) -> bool:
+    """A message that declines with a reason (cannot / no longer / only pending orders can be ...)."""
+    return bool(_REFUSAL.search(text or ""))
+
+
+def required_states(name: str, description: str, words: set[str]) -> set[str]:
+    """Statuses a write tool requires: status words in its name or description, and 'only X' there."""
+    text = f"{name} {description}".lower().replace("_", " ")
+    named = {w for w in words if re.search(rf"\b{re.escape(w)}\b", text)}
+    return named | {m.lower() for m in _ONLY_STATE.findall(description or "")}
+
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def sentences(text: str) -> list[str]:
+    """``text`` split into sentences (on ., ! and ? followed by whitespace)."""
+    return [s for s in _SENTENCE.split(text or "") if s.strip()]
+
+
+def participles(verb: str) -> set[str]:
+    """Past-participle spellings of ``verb``: cancel -> cancelled/canceled, modify -> modified, ..."""
+    v = verb.lower()
+    forms = {v + "ed", v + "d", v + v[-1] + "ed"}
+    if v.endswith("y"):
+        forms.add(v[:-1] + "ied")
+    return forms
+
+
+def claimed_verbs(text: str, verbs: set[str]) -> set[str]:
+    """The ``verbs`` whose past participle occurs in ``text`` (a claim that the action was done)."""
+    words = set(re.findall(r"[a-z]+", (text or "").lower()))
+    return {v for v in verbs if participles(v) & words}
+
+
+_WINDOW = re.compile(r"within\s+(\d+)\s+days?\s+(?:of|from|after)\s+(?:(?:the|its|their)\s+)?([a-z]+)", re.I)
+_TODAY = re.compile(r"\btoday is (\d{4}-\d{2}-\d{2})", re.I)
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+
+
+def time_windows(policy: str | None) -> list[tuple[int, str, set[str]]]:
+    """Policy rules "within N days of the <event> date": (N, event word, stems of the rule's sentence)."""
+    out = []
+    for sentence in re.split(r"(?<=[.!?])\s+|\n-", policy or ""):
+        for days, event in _WINDOW.findall(sentence):
+            out.append((int(days), event.lower(), content_words(sentence)))
+    return out
+
+
+def today(policy: str | None) -> str | None:
+    """The policy's "Today is YYYY-MM-DD" date, if it states one."""
+    match = _TODAY.search(policy or "")
+    return match.group(1) if match else None
+
+
+def _dated(node: Any, ident: str) -> dict[str, str] | None:
+    """The date fields (YYYY-MM-DD values) of the JSON object in ``node`` that carries ``ident``."""
+    if isinstance(node, dict):
+        if ident in (str(v) for v in node.values()):
+            return {k: v[:10] for k, v in node.items() if isinstance(v, str) and _DATE.match(v)}
+        children = list(node.values())
+    elif isinstance(node, list):
+        children = node
+    else:
+        return None
+    for child in children:
+        found = _dated(child, ident)
+        if found is not None:
+            return found
+    return None
+
+
+def observed_dates(view: TraceView, ident: str, before: int) -> dict[str, str]:
+    """Date fields of the object ``ident`` in the latest tool output before step ``before``."""
+    for i in range(before - 1, -1, -1):
+        msg = view.messages[i]
+        if msg.role != "tool" or ident not in (msg.content or ""):
+            continue
+        try:
+            found = _dated(json.loads(msg.content or ""), ident)
+        except ValueError:
+            continue
+        if found:
+            return found
+    return {}

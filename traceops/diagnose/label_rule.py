@@ -4,7 +4,7 @@ LACKING when an unexplained hit at or above ``min_severity`` points at the capab
 the capability was exercised without such a hit; NA when it was not exercised. "Exercised" means:
 
 - tool_call_format: the agent made any call (structured, ``<tool_call>`` text or bash block);
-- tool_selection: a non-bash call while the tool list is known;
+- tool_selection: a non-bash call, or an in-scope request, while the tool list is known;
 - argument_grounding: a non-bash call with at least one argument;
 - multi_step_transaction: the user asked for an action (cancel/return/...) and a write tool exists;
 - state_tracking: two or more calls, or a final answer after tool output;
@@ -30,7 +30,7 @@ def exercised(view: TraceView) -> set[str]:
     caps: set[str] = set()
     if calls:
         caps.add("tool_call_format")
-    if api and view.trajectory.tools:
+    if (api or h.out_of_scope(view) is False) and view.trajectory.tools and not view.bash_style:
         caps.add("tool_selection")
     if any(c.arguments or c.malformed for c in api):
         caps.add("argument_grounding")

@@ -56,3 +56,13 @@ def get_domain(name: str, seed: int = 0) -> Domain:
     if name not in DOMAINS:
         raise ConfigError(f"unknown domain {name!r}; valid domains: {', '.join(domain_names())}")
     return DOMAINS[name](seed)
+
+
+def replay_fn(trajectory: Any, step: int) -> float | None:
+    """Counterfactual reward of ``trajectory`` with the gold continuation from ``step`` (see
+    ``traceops.domains.<name>.replay``); None when its domain has no replay or the task is unknown."""
+    if getattr(trajectory, "domain", None) == "retail":
+        from traceops.domains.retail.replay import replay
+
+        return replay(trajectory, step)
+    return None
