@@ -44,7 +44,7 @@ def night_summary_markdown(result: dict[str, Any]) -> str:
               "| capability | coverage | delta | p |", "|---|---|---|---|"]
     for row in result["diagnose"]["selected"]:
         lines.append(f"| {row['capability']} | {row['coverage']:.2f} | {row['delta']:.2f} | "
-                     f"{row['p_value'] if row['p_value'] is not None else '-'} |")
+                     f"{format(row['p_value'], '.2g') if row['p_value'] is not None else '-'} |")
     synth = result["synthesize"]
     lines += ["", f"Environments: {', '.join(e['capability'] for e in synth['environments']) or 'none'}; "
               f"env_version `{synth['env_version']}`."]
