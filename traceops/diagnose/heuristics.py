@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from traceops.diagnose.view import TraceView
@@ -339,21 +339,30 @@ def status_words(view: TraceView) -> set[str]:
     }
 
 
-def _status_of(node: Any, ident: str) -> str | None:
-    """The status of the JSON object in ``node`` that carries ``ident`` as a value."""
+def _find_in_object(node: Any, ident: str, pick: Callable[[dict[str, Any]], Any]) -> Any:
+    """``pick`` of the first JSON object in ``node`` (depth first) that carries ``ident`` as a value and for
+    which ``pick`` gives something other than None."""
     if isinstance(node, dict):
-        if ident in (str(v) for v in node.values()) and isinstance(node.get("status"), str):
-            return node["status"].strip().lower()
+        if ident in (str(v) for v in node.values()):
+            found = pick(node)
+            if found is not None:
+                return found
         children = list(node.values())
     elif isinstance(node, list):
         children = node
     else:
         return None
     for child in children:
-        found = _status_of(child, ident)
+        found = _find_in_object(child, ident, pick)
         if found is not None:
             return found
     return None
+
+
+def _status_of(node: Any, ident: str) -> str | None:
+    """The status of the JSON object in ``node`` that carries ``ident`` as a value."""
+    return _find_in_object(node, ident, lambda obj: obj["status"].strip().lower()
+                           if isinstance(obj.get("status"), str) else None)
 
 
 def observed_status(view: TraceView, ident: str, before: int) -> str | None:
@@ -428,19 +437,8 @@ def today(policy: str | None) -> str | None:
 
 def _dated(node: Any, ident: str) -> dict[str, str] | None:
     """The date fields (YYYY-MM-DD values) of the JSON object in ``node`` that carries ``ident``."""
-    if isinstance(node, dict):
-        if ident in (str(v) for v in node.values()):
-            return {k: v[:10] for k, v in node.items() if isinstance(v, str) and _DATE.match(v)}
-        children = list(node.values())
-    elif isinstance(node, list):
-        children = node
-    else:
-        return None
-    for child in children:
-        found = _dated(child, ident)
-        if found is not None:
-            return found
-    return None
+    return _find_in_object(node, ident, lambda obj: {k: v[:10] for k, v in obj.items()
+                                                     if isinstance(v, str) and _DATE.match(v)})
 
 
 def observed_dates(view: TraceView, ident: str, before: int) -> dict[str, str]:
