@@ -171,3 +171,37 @@ def test_parallel_read_matches_serial(tmp_path: Path) -> None:
     assert results[1][0]["accepted"] == 20 and results[1][0]["duplicates"] == 5
     assert results[1][0]["quarantined"] == 10
     assert results[1] == results[2]
+
+
+def test_file_batches_ingest_like_plain_items(tmp_path: Path) -> None:
+    """Reader-built FileBatches, mixed with plain items and cut by small batches, give the same
+    store, quarantine, counts and new ids as the same items one by one."""
+    import pyarrow.parquet as pq
+
+    from traceops.formats.parallel import FileBatch
+    from traceops.store import TableBuilder
+
+    items = mixed_items()
+    builder = TableBuilder()
+    order: list[Rejected | None] = []
+    for item in items[1:13]:
+        if isinstance(item, Trajectory):
+            builder.add(item)
+        order.append(item if isinstance(item, Rejected) else None)
+    packed = FileBatch(order, [i.id for i in items[1:13] if isinstance(i, Trajectory)],
+                       builder.build(arrow_calls=True))
+    results = []
+    for name, stream in (("plain", items), ("packed", [items[0], packed, *items[13:]])):
+        home = tmp_path / name
+        home.mkdir()
+        settings = config.load(home)
+        result = ingest_items(stream, settings, run_id="run", batch_size=3)
+        tables = {n: pq.read_table(settings.paths.curated / n).drop_columns(
+                      [c for c in ("ingested_at",) if n == "trajectories.parquet"]).to_pylist()
+                  for n in ("trajectories.parquet", "steps.parquet")}
+        entries = read_quarantine(result.quarantine_file)
+        quarantine = [{k: v for k, v in e.items() if k != "at"} for e in entries]
+        results.append((result.summary() | {"quarantine_file": None, "validation_file": None},
+                        result.new_ids, tables, quarantine, result.validation["checks"]))
+    assert results[0][0]["read"] == 15 and results[0][0]["duplicates"] == 2
+    assert results[0] == results[1]

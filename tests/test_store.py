@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -14,9 +15,11 @@ from traceops.store import (
     STEP_SCHEMA,
     TRAJECTORY_SCHEMA,
     CuratedStore,
+    TableBuilder,
     append_trajectories,
     load_tables,
     load_trajectories,
+    take_rows,
     to_batch,
 )
 
@@ -126,3 +129,24 @@ def test_orphan_steps_from_interrupted_commit_are_dropped(home: Path) -> None:
 def test_nan_reward_stays_distinct_from_missing() -> None:
     batch = to_batch([make_trajectory(0, reward=float("nan")), make_trajectory(1, reward=None)])
     assert math.isnan(batch.raw_reward[0]) and batch.raw_reward[1] is None
+
+
+def test_take_rows_equals_building_the_picked_trajectories() -> None:
+    """Rows cut from several batches (one with Arrow calls, as readers ship them) match a batch
+    built from those trajectories directly: tables, renumbered tool calls and raw outcomes."""
+    trajs = [make_trajectory(i, success=[True, None, False][i % 3], reward=float(i)) for i in range(6)]
+    for k, traj in enumerate(trajs):  # different message counts, so step offsets matter
+        traj.messages = traj.messages[: 3 + k % 5]
+    first = to_batch(trajs[:4])
+    builder = TableBuilder()
+    for traj in trajs[4:]:
+        builder.add(traj)
+    second = builder.build(arrow_calls=True)
+    got = take_rows([(first, np.array([2, 0, 3])), (second, np.array([1]))])
+    want = to_batch([trajs[2], trajs[0], trajs[3], trajs[5]])
+    assert got.trajectories.equals(want.trajectories)
+    assert got.steps.equals(want.steps)
+    assert got.calls.reset_index(drop=True).to_dict("list") == want.calls.to_dict("list")
+    assert got.raw_success == want.raw_success and got.raw_reward == want.raw_reward
+    whole = take_rows([(first, np.arange(4))])
+    assert whole.trajectories.equals(first.trajectories) and whole.steps.equals(first.steps)

@@ -7,8 +7,8 @@ is read, so memory holds one batch plus the set of known ids, never the whole in
 read is accounted for: ``read == accepted + duplicates + quarantined`` is asserted on every run.
 
 ``ingest_paths`` reads files in ``ingest.workers`` processes (default min(2, CPUs)); workers ship
-flattened rows (``store.FlatTrajectory``), consumed in file order, so the outcome does not depend
-on the worker count.
+one ``FileBatch`` per file (its trajectories as Arrow tables), consumed in file order and item by
+item for dedupe and batch boundaries, so the outcome does not depend on the worker count.
 
 The data version is not set here: the caller versions ``data/curated`` with
 ``versioning.commit_data`` after a successful ingest.
@@ -29,6 +29,7 @@ import pyarrow as pa
 from traceops.config import Settings
 from traceops.errors import StageError
 from traceops.formats.base import ReadItem, Rejected
+from traceops.formats.parallel import FileBatch
 from traceops.quarantine import QuarantineWriter
 from traceops.schema import Trajectory
 from traceops.store import (
@@ -38,6 +39,7 @@ from traceops.store import (
     FlatTrajectory,
     TableBuilder,
     flatten,
+    take_rows,
     trajectory_data,
 )
 from traceops.validation import Failure, Limits, RunValidation, validate_batch
@@ -83,6 +85,10 @@ class _Run:
         self.quarantine = QuarantineWriter(settings.paths.quarantine, run_id)
         self.validation = RunValidation(run_id, self.limits)
         self.builder = TableBuilder()
+        # Rows picked from per-file batches (and the builder's batches), in arrival order.
+        self.parts: list[tuple[Batch, list[int]]] = []
+        self.n_trajectories = 0
+        self.n_steps = 0
         self.batch_ids: set[str] = set()
         self.result = IngestResult(run_id=run_id)
 
@@ -96,12 +102,58 @@ class _Run:
     def add(self, flat: FlatTrajectory) -> None:
         self.builder.add_flat(flat)
         self.batch_ids.add(flat.id)
+        self.n_trajectories += 1
+        self.n_steps += len(flat.steps[0])
+
+    def add_row(self, batch: Batch, row: int, n_steps: int, trajectory_id: str) -> None:
+        """Take trajectory ``row`` of a reader's batch into the pending batch."""
+        self._move_builder()
+        if self.parts and self.parts[-1][0] is batch:
+            self.parts[-1][1].append(row)
+        else:
+            self.parts.append((batch, [row]))
+        self.batch_ids.add(trajectory_id)
+        self.n_trajectories += 1
+        self.n_steps += n_steps
+
+    def full(self, size: int, max_steps: int) -> bool:
+        return self.n_trajectories >= size or self.n_steps >= max_steps
+
+    def _move_builder(self) -> None:
+        # Keeps arrival order when plain trajectories and file batches are mixed.
+        if self.builder.n_trajectories:
+            built = self.builder.build()
+            self.parts.append((built, list(range(built.trajectories.num_rows))))
+
+    def add_file(self, item: FileBatch, size: int, max_steps: int) -> None:
+        """Count, dedupe and take the items of one file in read order, flushing full batches."""
+        n_steps = item.batch.n_steps.to_numpy(zero_copy_only=False).tolist()
+        row = 0
+        for entry in item.order:
+            self.result.read += 1
+            if entry is not None:
+                self.reject(entry)
+                continue
+            trajectory_id = item.ids[row]
+            if self.seen(trajectory_id):
+                self.result.duplicates += 1
+            else:
+                self.add_row(item.batch, row, n_steps[row], trajectory_id)
+                if self.full(size, max_steps):
+                    self.flush()
+            row += 1
 
     def flush(self) -> None:
         """Validate the pending batch, quarantine its failures and append the rest to the store."""
-        if self.builder.n_trajectories == 0:
+        if self.n_trajectories == 0:
             return
-        batch = self.builder.build()
+        if self.parts:
+            self._move_builder()
+            batch = take_rows([(part, np.asarray(rows)) for part, rows in self.parts])
+            self.parts = []
+        else:
+            batch = self.builder.build()
+        self.n_trajectories = self.n_steps = 0
         checked = validate_batch(batch, self.limits)
         self.validation.add(checked)
         trajectories, steps = batch.trajectories, batch.steps
@@ -130,9 +182,10 @@ class _Run:
             self.result.quarantined += 1
 
 
-def ingest_items(items: Iterable[ReadItem | FlatTrajectory], settings: Settings, run_id: str,
+def ingest_items(items: Iterable[ReadItem | FlatTrajectory | FileBatch], settings: Settings, run_id: str,
                  batch_size: int | None = None, batch_steps: int | None = None) -> IngestResult:
-    """Ingest reader items (trajectories, flattened trajectories and rejections) into the curated store.
+    """Ingest reader items (trajectories, flattened trajectories, rejections and whole ``FileBatch``
+    files from ``formats.parallel.iter_flat``) into the curated store.
 
     Duplicates (ids already stored, or repeated in this run) are counted and skipped; rejections and
     trajectories failing the GX suite go to ``data/quarantine/<run_id>.jsonl``; the GX record goes
@@ -150,6 +203,9 @@ def ingest_items(items: Iterable[ReadItem | FlatTrajectory], settings: Settings,
     result = run.result
     try:
         for item in items:
+            if isinstance(item, FileBatch):
+                run.add_file(item, size, max_steps)
+                continue
             result.read += 1
             if isinstance(item, Rejected):
                 run.reject(item)
@@ -161,7 +217,7 @@ def ingest_items(items: Iterable[ReadItem | FlatTrajectory], settings: Settings,
                 result.duplicates += 1
                 continue
             run.add(item if isinstance(item, FlatTrajectory) else flatten(item))
-            if run.builder.n_trajectories >= size or run.builder.n_steps >= max_steps:
+            if run.full(size, max_steps):
                 run.flush()
         run.flush()
         result.new_ids = run.session.commit()

@@ -13,16 +13,17 @@ is touched, so re-ingesting the same inputs leaves the store byte-identical.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -32,6 +33,9 @@ from traceops.atomic import discard, temp_sibling
 from traceops.config import Paths
 from traceops.errors import StageError
 from traceops.schema import ROLES, Label, ToolSpec, Trajectory
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TRAJECTORIES_FILE = "trajectories.parquet"
 STEPS_FILE = "steps.parquet"
@@ -87,12 +91,14 @@ class Batch:
     ``trajectories`` lacks ``ingested_at`` (the append session sets it). ``steps`` lists each
     trajectory's messages in trajectory order. ``calls`` has one row per tool call: ``t`` (the
     trajectory's position in the batch), ``step``, ``role`` of the calling message, ``call_id`` and
-    ``args_is_object``; validation uses it to match tool results to earlier calls.
+    ``args_is_object``; validation uses it to match tool results to earlier calls. Batches built in
+    reader processes hold ``calls`` as an Arrow table (readers need not import pandas);
+    ``take_rows`` turns them into the DataFrame validation reads.
     """
 
     trajectories: pa.Table
     steps: pa.Table
-    calls: pd.DataFrame
+    calls: pd.DataFrame | pa.Table
     # The outcome values as given, before Arrow typing: validation judges their types.
     raw_success: list[Any]
     raw_reward: list[Any]
@@ -187,8 +193,10 @@ class TableBuilder:
         self.n_trajectories += 1
         self.n_steps += len(flat.steps[0])
 
-    def build(self) -> Batch:
-        """The batch so far as Arrow tables; the builder is reset."""
+    def build(self, arrow_calls: bool = False) -> Batch:
+        """The batch so far as Arrow tables; the builder is reset.
+
+        ``calls`` is a DataFrame, or with ``arrow_calls`` an Arrow table (no pandas needed)."""
         t_fields = [f for f in TRAJECTORY_SCHEMA if f.name != "ingested_at"]
         trajectories = pa.Table.from_arrays([_safe_array(self._t[f.name], f.type) for f in t_fields],
                                             schema=pa.schema(t_fields))
@@ -204,12 +212,18 @@ class TableBuilder:
         batch = Batch(
             trajectories=trajectories,
             steps=pa.Table.from_arrays([columns[name] for name in STEP_SCHEMA.names], schema=STEP_SCHEMA),
-            calls=pd.DataFrame(self._c),
+            calls=pa.table(self._c) if arrow_calls else _frame(self._c),
             raw_success=self._t["outcome_success"],
             raw_reward=self._t["outcome_reward"],
         )
         self.reset()
         return batch
+
+
+def _frame(columns: dict[str, list[Any]]) -> pd.DataFrame:
+    import pandas as pd  # here, not at import: reader processes import this module without pandas
+
+    return pd.DataFrame(columns)
 
 
 def _safe_array(values: list[Any], type_: pa.DataType) -> pa.Array:
@@ -226,6 +240,54 @@ def _fits(value: Any, type_: pa.DataType) -> bool:
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
         return False
     return True
+
+
+def take_rows(parts: list[tuple[Batch, np.ndarray]]) -> Batch:
+    """One Batch of the given trajectory positions of several batches, in the order given.
+
+    Each trajectory keeps all its messages and tool calls; ``calls.t`` is renumbered to the new
+    positions. Used to cut store batches out of per-file batches built in reader processes.
+    """
+    trajectories: list[pa.Table] = []
+    steps: list[pa.Table] = []
+    import pandas as pd
+
+    calls: list[pd.DataFrame] = []
+    raw_success: list[Any] = []
+    raw_reward: list[Any] = []
+    offset = 0
+    for batch, rows in parts:
+        rows = np.asarray(rows, dtype=np.int64)
+        n_steps = batch.n_steps.to_numpy(zero_copy_only=False).astype(np.int64)
+        whole = len(rows) == len(n_steps) and bool((rows == np.arange(len(n_steps))).all())
+        if whole:
+            trajectories.append(batch.trajectories)
+            steps.append(batch.steps)
+        else:
+            starts = np.concatenate([[0], np.cumsum(n_steps)[:-1]]).astype(np.int64)
+            lengths = n_steps[rows]
+            before = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+            step_rows = np.repeat(starts[rows] - before, lengths) + np.arange(int(lengths.sum()))
+            trajectories.append(batch.trajectories.take(pa.array(rows)))
+            steps.append(batch.steps.take(pa.array(step_rows, type=pa.int64())))
+        if len(batch.calls):
+            frame = batch.calls.to_pandas() if isinstance(batch.calls, pa.Table) else batch.calls
+            position = np.full(len(n_steps), -1, dtype=np.int64)
+            position[rows] = offset + np.arange(len(rows))
+            mapped = position[frame["t"].to_numpy(dtype=np.int64)]
+            kept = frame.loc[mapped >= 0].copy()
+            kept["t"] = mapped[mapped >= 0]
+            if (np.diff(rows) < 0).any():  # rows picked out of order: calls follow the new order
+                kept = kept.sort_values("t", kind="stable")
+            calls.append(kept)
+        raw_success.extend(batch.raw_success[i] for i in rows)
+        raw_reward.extend(batch.raw_reward[i] for i in rows)
+        offset += len(rows)
+    empty = pd.DataFrame({"t": [], "step": [], "role": [], "call_id": [], "args_is_object": []})
+    return Batch(trajectories=pa.concat_tables(trajectories).combine_chunks(),
+                 steps=pa.concat_tables(steps).combine_chunks(),
+                 calls=pd.concat(calls, ignore_index=True) if calls else empty,
+                 raw_success=raw_success, raw_reward=raw_reward)
 
 
 def to_batch(trajectories: Iterable[Trajectory]) -> Batch:
@@ -274,6 +336,10 @@ class AppendSession:
         self.known: set[str] = store.ids()
         self.new_ids: list[str] = []
         self._writers: dict[str, tuple[pq.ParquetWriter, Path]] = {}
+        # One background write at a time: Parquet encoding releases the GIL, so it overlaps with
+        # the validation of the next batch while memory holds at most one batch being written.
+        self._thread: ThreadPoolExecutor | None = None
+        self._writing: Future[None] | None = None
 
     def is_known(self, trajectory_id: str) -> bool:
         """True when the id is stored already or was appended earlier in this session."""
@@ -315,17 +381,37 @@ class AppendSession:
         trajectories = trajectories.append_column(stamp_field, stamp)
         if not self._writers:
             self._open()
-        self._writers["steps"][0].write_table(steps.select(STEP_SCHEMA.names).cast(STEP_SCHEMA))
-        self._writers["trajectories"][0].write_table(
+        self._wait()
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="traceops-store")
+        self._writing = self._thread.submit(
+            self._write, steps.select(STEP_SCHEMA.names).cast(STEP_SCHEMA),
             trajectories.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA))
         self.known.update(ids)
         self.new_ids.extend(ids)
         return len(ids)
 
+    def _write(self, steps: pa.Table, trajectories: pa.Table) -> None:
+        self._writers["steps"][0].write_table(steps)
+        self._writers["trajectories"][0].write_table(trajectories)
+
+    def _wait(self) -> None:
+        """Finish the pending background write; its error, if any, is raised here."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
+
+    def _stop(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+
     def commit(self) -> list[str]:
         """Swap the new tables in (steps first); a session that added nothing writes nothing."""
         if not self._writers:
             return []
+        self._wait()
+        self._stop()
         for writer, _ in self._writers.values():
             writer.close()
         os.replace(self._writers["steps"][1], self.store.steps_path)
@@ -335,6 +421,10 @@ class AppendSession:
 
     def abort(self) -> None:
         """Drop the temp files; the store is left as it was."""
+        # The files are discarded and the caller is already failing: a write error adds nothing.
+        with contextlib.suppress(Exception):
+            self._wait()
+        self._stop()
         for writer, tmp in self._writers.values():
             writer.close()
             discard(tmp)
@@ -370,6 +460,7 @@ def append_trajectories(paths: Paths, trajectories: Iterable[Trajectory],
 
 
 def load_tables(paths: Paths) -> tuple[pd.DataFrame, pd.DataFrame]:
+
     """The trajectories and steps tables as DataFrames (empty, with the right columns, when absent)."""
     store = CuratedStore(paths)
     if not store.exists():

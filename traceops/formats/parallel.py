@@ -1,8 +1,9 @@
 """Read input files in worker processes, one file (or archive) per task, results in input order.
 
-Workers run the same ``read_file`` as the serial path and ship each trajectory as a
-``store.FlatTrajectory`` (plain tuples and strings: pickling pydantic models costs more than reading
-them). Files are taken in ``iter_files`` order and results consumed in that order, so the items, and
+Workers run the same ``read_file`` as the serial path and ship each file as one ``FileBatch``: its
+trajectories already built into Arrow tables (``store.Batch``: pickled as a few buffers, and the main
+process does not rebuild columns) plus the file's item order with its rejections. Files are taken
+in ``iter_files`` order and results consumed in that order, so the items, and
 therefore counts, dedupe and quarantine, are identical to a serial read. At most ``2 * workers``
 files are in flight, which bounds memory to a few files' results.
 """
@@ -16,15 +17,24 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from traceops.errors import ConfigError
 from traceops.formats.base import OutcomeTable, Rejected
 from traceops.formats.detect import check_format, iter_files, read_file
 from traceops.schema import Trajectory
-from traceops.store import FlatTrajectory, flatten
+from traceops.store import Batch, FlatTrajectory, TableBuilder, flatten
 
 FlatItem = FlatTrajectory | Rejected
+
+
+class FileBatch(NamedTuple):
+    """Every item of one file: ``order`` lists them as read, a ``Rejected`` or None for the next
+    trajectory of ``batch`` (whose ids are ``ids``, in batch order)."""
+
+    order: list[Rejected | None]
+    ids: list[str]
+    batch: Batch
 
 _WORKER: dict[str, Any] = {}
 _STATS = {"worker_cpu_s": 0.0}
@@ -45,14 +55,29 @@ def read_flat(path: Path, fmt: str = "auto", outcomes: OutcomeTable | None = Non
     return [flatten(item) if isinstance(item, Trajectory) else item for item in items]
 
 
+def read_file_batch(path: Path, fmt: str = "auto", outcomes: OutcomeTable | None = None) -> FileBatch:
+    """Every item of one file, its trajectories built into one Arrow batch."""
+    builder = TableBuilder()
+    order: list[Rejected | None] = []
+    ids: list[str] = []
+    for item in read_file(path, fmt, outcomes):
+        if isinstance(item, Trajectory):
+            builder.add(item)
+            order.append(None)
+            ids.append(item.id)
+        else:
+            order.append(item)
+    return FileBatch(order, ids, builder.build(arrow_calls=True))
+
+
 def _init_worker(fmt: str, outcomes: OutcomeTable | None) -> None:
     _WORKER["fmt"] = fmt
     _WORKER["outcomes"] = outcomes
 
 
-def _read_in_worker(path: str) -> tuple[list[FlatItem], float]:
+def _read_in_worker(path: str) -> tuple[FileBatch, float]:
     start = time.process_time()
-    items = read_flat(Path(path), _WORKER["fmt"], _WORKER["outcomes"])
+    items = read_file_batch(Path(path), _WORKER["fmt"], _WORKER["outcomes"])
     return items, time.process_time() - start
 
 
@@ -66,8 +91,8 @@ def worker_cpu_seconds() -> float:
 
 
 def iter_flat(paths: Sequence[str | Path], fmt: str = "auto", outcomes: OutcomeTable | None = None,
-              workers: int = 1) -> Iterator[FlatItem]:
-    """``iter_items`` with flattened trajectories, read by ``workers`` processes (1: in this process).
+              workers: int = 1) -> Iterator[FileBatch]:
+    """One ``FileBatch`` per file in ``iter_items`` order, read by ``workers`` processes (1: in this process).
 
     The format, the worker count and the paths are checked when this is called, before any read.
     """
@@ -76,11 +101,11 @@ def iter_flat(paths: Sequence[str | Path], fmt: str = "auto", outcomes: OutcomeT
         raise ConfigError(f"ingest: workers must be >= 1, got {workers} (params.yaml ingest.workers)")
     files = list(iter_files([paths] if isinstance(paths, (str, Path)) else paths))
     if workers == 1 or len(files) < 2:
-        return (item for path in files for item in read_flat(path, fmt, outcomes))
+        return (read_file_batch(path, fmt, outcomes) for path in files)
     return _pooled(files, fmt, outcomes, min(workers, len(files)))
 
 
-def _pooled(files: list[Path], fmt: str, outcomes: OutcomeTable | None, workers: int) -> Iterator[FlatItem]:
+def _pooled(files: list[Path], fmt: str, outcomes: OutcomeTable | None, workers: int) -> Iterator[FileBatch]:
     # forkserver: workers fork from a clean server process, not from a parent that may hold threads.
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["traceops.formats.parallel"])
@@ -88,7 +113,7 @@ def _pooled(files: list[Path], fmt: str, outcomes: OutcomeTable | None, workers:
                                initargs=(fmt, outcomes))
     try:
         queue = iter(files)
-        pending: deque[Future[tuple[list[FlatItem], float]]] = deque()
+        pending: deque[Future[tuple[FileBatch, float]]] = deque()
         for path in queue:
             pending.append(pool.submit(_read_in_worker, str(path)))
             if len(pending) >= 2 * workers:
@@ -99,6 +124,6 @@ def _pooled(files: list[Path], fmt: str, outcomes: OutcomeTable | None, workers:
             following = next(queue, None)
             if following is not None:
                 pending.append(pool.submit(_read_in_worker, str(following)))
-            yield from items
+            yield items
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
