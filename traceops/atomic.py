@@ -78,7 +78,7 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
         if old is not None and not path.exists():
             os.replace(old, path)  # the swap failed half-way: put the old entry back
         elif old is not None:
-            discard(old)  # moving the old entry aside failed: drop the empty placeholder
+            discard(old)  # moving the old entry aside failed: drop the empty reserved entry
         discard(tmp)
         raise
     if old is not None:

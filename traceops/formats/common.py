@@ -150,7 +150,7 @@ def build_trajectory(data: dict[str, Any], file: str, record: int | str,
     text is only built when needed).
     """
     if not data.get("id"):
-        # Validate with a placeholder id so the model's own hook does not hash; ``trajectory_id``
+        # Validate with a sentinel id so the model's own hook does not hash; ``trajectory_id``
         # gives the same hash for a fraction of the cost.
         data = {**data, "id": _PENDING_ID}
     try:
