@@ -1,7 +1,6 @@
-"""MLflow names, store configuration, registration, aliases and lineage tags (DESIGN.md, MLflow).
+"""MLflow names, store configuration and lineage tags (DESIGN.md, MLflow).
 
 The store is embedded: ``sqlite:///<home>/mlflow/mlflow.db`` with artifacts under ``<home>/mlflow/``.
-Registered models are MLflow "models from code" (``traceops/pyfunc_model.py``), so nothing is pickled.
 """
 
 from __future__ import annotations
@@ -14,27 +13,11 @@ from typing import Any
 from traceops.config import Paths
 
 EXPERIMENT_PREFIX = "traceops/"
-ROUTER = "traceops.router"
-COMPOSITE = "traceops.composite"
-CHAMPION = "champion"
-CHALLENGER = "challenger"
-PREVIOUS = "previous"
 
 TAG_GIT_SHA = "traceops.git_sha"
-TAG_BASE_MODEL = "traceops.base_model"
 TAG_DATA_VERSION = "traceops.data_version"
 TAG_ENV_VERSION = "traceops.env_version"
 TAG_DIAGNOSIS_RUN = "traceops.diagnosis_run"
-TAG_PARENT_VERSIONS = "traceops.parent_versions"
-TAG_KIND = "traceops.kind"
-TAG_SOURCE_RUN = "traceops.source_run"
-
-PYFUNC_MODEL_FILE = Path(__file__).with_name("pyfunc_model.py")
-
-
-def adapter_model_name(capability: str) -> str:
-    """Registered-model name of one capability's adapter."""
-    return f"traceops.adapter.{capability}"
 
 
 def experiment_name(stage: str) -> str:
@@ -83,68 +66,6 @@ def git_sha(root: Path) -> str:
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip()
     return "unknown"
-
-
-def find_version(name: str, tag: str, value: str) -> Any | None:
-    """The version of ``name`` whose tag ``tag`` equals ``value``, if any: registration stays idempotent."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient()
-    try:
-        versions = client.search_model_versions(f"name = '{name}'")
-    except MlflowException:
-        return None
-    for version in versions:
-        if version.tags.get(tag) == value:
-            return version
-    return None
-
-
-def register_folder(name: str, folder: Path, kind: str, tags: dict[str, str],
-                    idempotency_key: str) -> Any:
-    """Log ``folder`` as a pyfunc model in the active run and register it under ``name``.
-
-    ``idempotency_key`` (stored as ``traceops.source_run``) makes a rerun return the version already
-    registered instead of a duplicate.
-    """
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    existing = find_version(name, TAG_SOURCE_RUN, idempotency_key)
-    if existing is not None:
-        return existing
-    all_tags = {**tags, TAG_KIND: kind, TAG_SOURCE_RUN: idempotency_key}
-    info = mlflow.pyfunc.log_model(
-        name=name.replace(".", "-"),
-        python_model=str(PYFUNC_MODEL_FILE),
-        artifacts={"model": str(folder)},
-        pip_requirements=["traceops"],
-        model_config={"kind": kind},
-    )
-    version = mlflow.register_model(info.model_uri, name, tags=all_tags)
-    client = MlflowClient()
-    for key, val in all_tags.items():
-        client.set_model_version_tag(name, version.version, key, val)
-    return client.get_model_version(name, version.version)
-
-
-def set_alias(name: str, alias: str, version: str | int) -> None:
-    """Point ``alias`` of ``name`` at ``version``."""
-    from mlflow.tracking import MlflowClient
-
-    MlflowClient().set_registered_model_alias(name, alias, str(version))
-
-
-def version_by_alias(name: str, alias: str) -> Any | None:
-    """The version an alias points at, or None when the model or alias does not exist."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    try:
-        return MlflowClient().get_model_version_by_alias(name, alias)
-    except MlflowException:
-        return None
 
 
 def log_json(data: Any, artifact_file: str) -> None:
