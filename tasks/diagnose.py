@@ -13,6 +13,7 @@ from tasks.tracking import stage_run
 from traceops import config, registry
 from traceops.diagnose.outputs import write_outputs
 from traceops.diagnose.run import DiagnoseParams, diagnose
+from traceops.domains import replay_fn
 from traceops.envs.families import FAMILIES
 from traceops.errors import StageError
 from traceops.model import load_model
@@ -48,7 +49,7 @@ def diagnose_task(key: str, home: str | None = None, labelers: tuple[str, ...] =
             raise StageError(f"diagnose: the curated store under {settings.paths.curated} is empty; "
                              "run `traceops ingest LOGS` first")
         chat_model = load_model(llm_model) if llm_model else None
-        result = diagnose(trajectories, params, labelers=labelers, seed=seed, replay_fn=_replay_fn(),
+        result = diagnose(trajectories, params, labelers=labelers, seed=seed, replay_fn=replay_fn,
                           chat_model=chat_model)
         files = write_outputs(result, settings.paths.diagnosis)
         summary = result.summary(files["report"])
@@ -62,9 +63,3 @@ def diagnose_task(key: str, home: str | None = None, labelers: tuple[str, ...] =
     return {**summary, "files": {k: str(v) for k, v in files.items()}, "mlflow_run": run.info.run_id,
             "trajectories": len(trajectories)}
 
-
-def _replay_fn() -> Any:
-    """The bundled domain's counterfactual replay, when the domain module provides one."""
-    from traceops import domains
-
-    return getattr(domains, "replay_fn", None)
