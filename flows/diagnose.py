@@ -11,17 +11,20 @@ from tasks.diagnose import diagnose_task, diagnosis_outputs_exist
 from traceops import config, versioning
 
 
-def diagnose_key(home: str | None, labelers: tuple[str, ...]) -> tuple[str, str | None]:
-    """The cache key of a diagnosis: the curated data version, the diagnose parameters and the labelers."""
+def diagnose_key(home: str | None, labelers: tuple[str, ...],
+                 llm_model: str | None = None) -> tuple[str, str | None]:
+    """The cache key of a diagnosis: the curated data version, the diagnose parameters, the labelers and
+    the LLM labeler's model."""
     settings = config.load(home)
     data_version = versioning.data_version(settings.paths.home, "data/curated")
-    return stage_key("diagnose", data_version, settings.stage("diagnose"), list(labelers)), data_version
+    key = stage_key("diagnose", data_version, settings.stage("diagnose"), list(labelers), llm_model)
+    return key, data_version
 
 
 @flow(name="traceops-diagnose")
 def diagnose_flow(home: str | None = None, labelers: tuple[str, ...] = ("rule",),
                   parent_run_id: str | None = None, llm_model: str | None = None) -> dict[str, Any]:
     """Diagnose the curated store (cached by data version and parameters)."""
-    key, data_version = diagnose_key(home, (*labelers, llm_model or ""))
+    key, data_version = diagnose_key(home, labelers, llm_model)
     return run_cached(diagnose_task, diagnosis_outputs_exist, key=key, home=home, labelers=labelers,
                       data_version=data_version, parent_run_id=parent_run_id, llm_model=llm_model)
