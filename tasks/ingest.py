@@ -11,6 +11,7 @@ from tasks.retry import retry_unless_user_error
 from tasks.tracking import stage_run
 from traceops import config, registry, versioning
 from traceops.ingest import ingest_paths
+from traceops.lineage import manifest_hash, raw_files_manifest
 
 CURATED = "data/curated"
 
@@ -28,6 +29,8 @@ def ingest_task(paths: list[str], fmt: str = "auto", outcomes: str | None = None
     settings = config.load(home)
     with stage_run(settings, "ingest", parent_run_id,
                    params={"paths": paths, "format": fmt, "outcomes": outcomes}) as run:
+        # What ingest was given, hashed before reading: the lineage audit checks these files later.
+        raw_files = raw_files_manifest(paths, settings.paths.home)
         result = ingest_paths(paths, settings, run_id=run.info.run_id, fmt=fmt, outcomes_file=outcomes)
         settings.paths.curated.mkdir(parents=True, exist_ok=True)
         data_version = versioning.commit_data(settings.paths.home, CURATED)
@@ -36,6 +39,8 @@ def ingest_task(paths: list[str], fmt: str = "auto", outcomes: str | None = None
         mlflow.log_param("data_version", data_version)
         mlflow.set_tag(registry.TAG_DATA_VERSION, data_version)
         registry.log_json(result.validation, "validation/ingest_validation.json")
+        registry.log_json(raw_files, registry.RAW_FILES_ARTIFACT)
+        mlflow.set_tag(registry.TAG_RAW_FILES, manifest_hash(raw_files))
         registry.log_json(result.reasons, "quarantine/reasons.json")
         if result.quarantine_file is not None and result.quarantine_file.exists():
             mlflow.log_artifact(str(result.quarantine_file), "quarantine")
