@@ -12,7 +12,9 @@ from peft import LoraConfig, get_peft_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from traceops.moe import FitConfig, build_moe, fit_router
+from traceops.errors import InputError
+from traceops.moe import FitConfig, build_moe, evaluate_routing, fit_router
+from traceops.moe.fit import _batch, _encode, _lm_loss, _routed_lm_loss, _split_head
 
 WORDS_A = [f"alpha{i}" for i in range(30)]
 WORDS_B = [f"beta{i}" for i in range(30)]
@@ -89,6 +91,13 @@ def test_fit_router_learns_to_route_each_capability_to_its_expert(setup):
         if "moe_router" not in name:
             assert torch.equal(param, frozen[name]), name
     assert all(p.requires_grad for p in moe.model.parameters())
+    # Unseen examples route to their capability's expert; shares over experts + null sum to 1.
+    unseen = {"lookup": dataset(WORDS_A, 4, 9), "refusal": dataset(WORDS_B, 4, 8)}
+    report = evaluate_routing(moe, tokenizer, unseen)
+    for capability, row in report.items():
+        assert row["expert"] == capability and row["token_accuracy"] > 0.9
+        assert sum(row["share"].values()) == pytest.approx(1.0, abs=1e-5)
+        assert row["share"][capability] > 0.5
 
 
 def test_fit_router_is_seeded_and_takes_conversations(setup):
@@ -101,3 +110,37 @@ def test_fit_router_is_seeded_and_takes_conversations(setup):
     assert results[0].losses == results[1].losses
     assert results[0].n_train + results[0].n_heldout == 14
     assert all(value > 0 for value in results[0].losses["lm"])
+
+
+def test_encode_labels_every_assistant_turn_and_keeps_the_tail() -> None:
+    tokenizer = word_tokenizer()
+    chat = [{"role": "user", "content": "alpha1 alpha2"}, {"role": "assistant", "content": "beta1"},
+            {"role": "user", "content": "alpha3"}, {"role": "assistant", "content": "beta2 beta3"}]
+    row = {"messages": chat, "tools": "[]"}  # an SFT row, as traceops.train.data.sft_rows writes them
+    encoded = _encode(tokenizer, row, expert=1, max_length=64, where="row")
+    words = tokenizer.convert_ids_to_tokens(encoded.input_ids)
+    labelled = [w for w, label in zip(words, encoded.labels, strict=True) if label != -100]
+    # The answers (with their end-of-turn token), not the prompts or the "assistant :" headers.
+    assert labelled == ["beta1", "<eos>", "beta2", "beta3", "<eos>"]
+    assert encoded.expert == 1
+    short = _encode(tokenizer, row, expert=1, max_length=6, where="row")
+    assert short.input_ids == encoded.input_ids[-6:] and short.labels == encoded.labels[-6:]
+    with pytest.raises(InputError):
+        _encode(tokenizer, {"messages": []}, expert=0, max_length=8, where="bad")
+
+
+def test_lm_loss_on_labelled_positions_equals_the_full_logits_loss(setup) -> None:
+    tokenizer, base, dirs, _ = setup
+    moe = build_moe(copy.deepcopy(base), dirs)
+    assert _split_head(moe.model) is not None  # the shortcut is taken for a Llama
+    rows = [[{"role": "user", "content": "alpha1 alpha2 alpha3"},
+             {"role": "assistant", "content": "beta4 beta5"}],
+            [{"role": "user", "content": "beta1"}, {"role": "assistant", "content": "alpha7"}]]
+    encoded = [_encode(tokenizer, r, 0, 64, "r") for r in rows]
+    batch = _batch(encoded, tokenizer.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        full = moe(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        expected = _lm_loss(full.logits, batch["labels"])
+        got = _routed_lm_loss(moe, batch)
+    assert float(expected) > 0
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

@@ -6,7 +6,7 @@
 
 from traceops.moe.build import build_moe, read_adapter
 from traceops.moe.config import NULL_EXPERT, MoEConfig
-from traceops.moe.fit import FitConfig, FitResult, fit_router
+from traceops.moe.fit import FitConfig, FitResult, evaluate_routing, fit_router
 from traceops.moe.io import load_moe, read_config, save_moe
 from traceops.moe.layer import MoELoRALinear
 from traceops.moe.model import MoEModel
@@ -24,6 +24,7 @@ __all__ = [
     "RoutingState",
     "RoutingTrace",
     "build_moe",
+    "evaluate_routing",
     "fit_router",
     "load_moe",
     "read_adapter",

@@ -8,6 +8,7 @@ cross-entropy on each block's router logits) + ``lm_weight`` * LM loss on the de
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,7 +21,7 @@ from traceops.errors import ConfigError, InputError
 from traceops.moe.model import MoEModel
 from traceops.moe.router import load_balance_loss, masked_mean, router_z_loss, topk_gate
 
-Example = str | list[dict[str, Any]]
+Example = str | list[dict[str, Any]] | dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -75,16 +76,35 @@ def _encode(tokenizer: Any, example: Example, expert: int, max_length: int, wher
     if isinstance(example, str):
         ids = list(tokenizer(example, truncation=True, max_length=max_length)["input_ids"])
         return _Encoded(ids, list(ids), expert)
+    tools: Any = None
+    if isinstance(example, dict):
+        # An SFT row ({"messages", "tools"}): rendered exactly as training rendered it, tools included.
+        tools = example.get("tools")
+        tools = json.loads(tools) if isinstance(tools, str) else tools
+        example = example.get("messages")  # type: ignore[assignment]
     if not isinstance(example, list) or not example or not all(isinstance(m, dict) for m in example):
-        raise InputError("an example must be a text or a non-empty list of chat messages", record=where)
-    full = _ids(tokenizer.apply_chat_template(example, tokenize=True))
+        raise InputError("an example must be a text, a non-empty list of chat messages or an SFT row "
+                         "{'messages', 'tools'}", record=where)
+    def render(messages: list[dict[str, Any]], prompt: bool = False) -> list[int]:
+        return _ids(tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True,
+                                                  add_generation_prompt=prompt))
+
+    full = render(example)
     labels = list(full)
-    if example[-1].get("role") == "assistant" and len(example) > 1:
-        # LM loss on the answer only: the prompt is context, not a demonstration.
-        prompt = _ids(tokenizer.apply_chat_template(example[:-1], tokenize=True, add_generation_prompt=True))
-        cut = len(prompt) if full[: len(prompt)] == prompt else 0
-        labels = [-100] * cut + full[cut:]
-    return _Encoded(full[:max_length], labels[:max_length], expert)
+    answers = [i for i, m in enumerate(example) if m.get("role") == "assistant" and i > 0]
+    if answers:
+        # LM loss on the assistant turns only (as SFT trained them): the rest is context. A template whose
+        # prefixes do not render as prefixes of the whole falls back to the whole conversation.
+        masked = [-100] * len(full)
+        for i in answers:
+            start, end = len(render(example[:i], prompt=True)), render(example[: i + 1])
+            if full[: len(end)] != end:
+                masked = labels
+                break
+            masked[start:len(end)] = full[start:len(end)]
+        labels = masked
+    # Keep the tail: a conversation ends with the answer, its head is the (long) system prompt.
+    return _Encoded(full[-max_length:], labels[-max_length:], expert)
 
 
 def _ids(value: Any) -> list[int]:
@@ -144,6 +164,50 @@ def _route_loss(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) 
     return (losses * keep).sum() / keep.sum().clamp_min(1.0)
 
 
+def _split_head(model: Any) -> tuple[Any, Any] | None:
+    """``(decoder, lm_head)`` of an HF causal LM whose logits are exactly ``lm_head(decoder(...)[0])``;
+    None for models that post-process logits (soft-capping, scaling) or do not expose the two parts."""
+    config = getattr(model, "config", None)
+    post = ("final_logit_softcapping", "logit_scale")
+    if any(getattr(config, name, None) not in (None, 1.0) for name in post):
+        return None
+    get_decoder = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    if get_decoder is None or get_head is None:
+        return None
+    decoder, head = get_decoder(), get_head()
+    if not isinstance(head, torch.nn.Linear) or decoder is None or decoder is model:
+        return None
+    return decoder, head
+
+
+def _routed_lm_loss(moe: MoEModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Forward ``batch`` through the composite and return the LM loss on its labelled tokens.
+
+    The vocabulary projection runs only on the positions that carry a label: on demonstrations most
+    tokens are prompt, and the full ``[B, T, vocab]`` logits are the largest tensor of the step.
+    """
+    parts = _split_head(moe.model)
+    if parts is None:
+        out = moe(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        return _lm_loss(out.logits, batch["labels"])
+    decoder, head = parts
+    hidden = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     use_cache=False)[0]
+    targets = batch["labels"][:, 1:]
+    keep = targets != -100
+    logits = head(hidden[:, :-1][keep])
+    losses = F.cross_entropy(logits.float(), targets[keep], reduction="sum")
+    return losses / keep.sum().clamp_min(1)
+
+
+def _route_forward(moe: MoEModel, batch: dict[str, torch.Tensor]) -> None:
+    """Forward for the routers only (their logits are collected by the caller): no vocabulary projection."""
+    parts = _split_head(moe.model)
+    runner = parts[0] if parts is not None else moe
+    runner(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+
+
 def _lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     targets = labels[:, 1:].reshape(-1)
     losses = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets,
@@ -160,7 +224,7 @@ def routing_accuracy(moe: MoEModel, batches: list[dict[str, torch.Tensor]]) -> t
     per_expert: dict[int, list[float]] = {}
     for batch in batches:
         with moe.collect_logits() as collected:
-            moe(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+            _route_forward(moe, batch)
         mask = batch["attention_mask"].bool()
         target = batch["target"]
         for logits in collected.values():
@@ -218,8 +282,11 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
             items = [rng.choice(by_expert[rng.choice(experts)]) for _ in range(config.batch_size)]
             batch = _batch(items, pad_id, device)
             with moe.collect_logits() as collected:
-                out = moe(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                          use_cache=False)
+                if config.lm_weight:
+                    lm = _routed_lm_loss(moe, batch)
+                else:
+                    _route_forward(moe, batch)
+                    lm = torch.zeros(())
             mask = batch["attention_mask"]
             layer_logits = list(collected.values())
             route = torch.stack([_route_loss(lg, batch["target"], mask) for lg in layer_logits]).mean()
@@ -227,7 +294,6 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
             balance = torch.stack([load_balance_loss(lg, topk_gate(lg.detach(), k), mask)
                                    for lg in layer_logits]).mean()
             z = torch.stack([router_z_loss(lg, mask) for lg in layer_logits]).mean()
-            lm = _lm_loss(out.logits, batch["labels"])
             total = (config.route_weight * route + config.lm_weight * lm + config.balance_weight * balance
                      + config.z_weight * z)
             optimizer.zero_grad(set_to_none=True)
@@ -254,3 +320,43 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
         seconds=time.perf_counter() - started,
         config=asdict(config),
     )
+
+
+@torch.no_grad()
+def evaluate_routing(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, list[Example]],
+                     max_length: int = 256, batch_size: int = 8) -> dict[str, dict[str, Any]]:
+    """Route held-out examples of each capability through ``moe`` (current mode and top-k) and report, per
+    capability: ``tokens``, ``token_accuracy`` (share of (token, layer) pairs whose top-1 router choice is
+    the capability's expert), ``sequence_accuracy`` (the prompt-pooled choice) and ``share`` (mean gate
+    weight per expert name, ``null`` included, from a ``RoutingTrace``)."""
+    model = moe.model
+    was_training = model.training
+    model.eval()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    by_capability = {cap: name for name, cap in moe.config.capabilities.items()}
+    report: dict[str, dict[str, Any]] = {}
+    try:
+        for capability, items in sorted(examples_by_capability.items()):
+            name = by_capability.get(capability)
+            if name is None:
+                raise ConfigError(f"examples for capability '{capability}' but no expert serves it; experts: "
+                                  f"{moe.config.capabilities}")
+            expert = moe.experts.index(name)
+            encoded = [_encode(tokenizer, ex, expert, max_length, f"{capability}[{i}]")
+                       for i, ex in enumerate(items)]
+            encoded = [e for e in encoded if len(e.input_ids) > 1]
+            if not encoded:
+                continue
+            batches = [_batch(encoded[i:i + batch_size], pad_id, moe.device)
+                       for i in range(0, len(encoded), batch_size)]
+            with moe.trace() as trace:
+                tok, seq, _ = routing_accuracy(moe, batches)
+            summary = trace.summary()
+            report[capability] = {
+                "expert": name, "examples": len(encoded), "tokens": summary.get("tokens", 0.0),
+                "token_accuracy": tok, "sequence_accuracy": seq,
+                "share": {n: summary.get(f"share/{n}", 0.0) for n in moe.config.expert_names},
+            }
+    finally:
+        model.train(was_training)
+    return report

@@ -1,0 +1,87 @@
+"""The route flow: `traceops route` and the nightly flow's stage after train."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from tasks.cache import run_cached, stage_key
+from tasks.route import composite_exists, route_params, route_task
+from traceops import config, registry
+from traceops.errors import StageError
+from traceops.hashing import folder_hash
+
+
+def environment_capabilities(environments: Path) -> list[str]:
+    """The capabilities that have a synthesized environments folder (``<capability>/manifest.json``)."""
+    if not environments.is_dir():
+        return []
+    return sorted(p.name for p in environments.iterdir() if (p / "manifest.json").is_file())
+
+
+def latest_adapters(paths: config.Paths) -> list[dict[str, Any]]:
+    """The latest registered adapter version of every capability in ``data/environments``."""
+    registry.configure(paths)
+    capabilities = environment_capabilities(paths.environments)
+    if not capabilities:
+        raise StageError(f"route: no environments under {paths.environments}; run `traceops synthesize` and "
+                         "`traceops train` first")
+    found: list[dict[str, Any]] = []
+    missing: list[str] = []
+    for capability in capabilities:
+        ref = registry.latest_version(registry.adapter_model_name(capability))
+        if ref is None:
+            missing.append(capability)
+            continue
+        found.append({"capability": capability, "model_name": ref.name, "model_version": ref.version,
+                      "run_id": ref.run_id})
+    if missing:
+        raise StageError(f"route: no registered adapter for {', '.join(missing)}; run `traceops train` "
+                         "for these capabilities first")
+    return found
+
+
+def _adapter_rows(adapters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fields the route task reads from train results, checked."""
+    rows = []
+    for adapter in adapters:
+        missing = [k for k in ("capability", "model_name", "model_version") if not adapter.get(k)]
+        if missing:
+            raise StageError(f"route: adapter entry {adapter} lacks {', '.join(missing)}; pass train_task "
+                             "results (or leave adapters unset to use the latest registered versions)")
+        rows.append({"capability": adapter["capability"], "model_name": adapter["model_name"],
+                     "model_version": str(adapter["model_version"]),
+                     "adapter_path": adapter.get("adapter_path"), "run_id": adapter.get("run_id", "")})
+    return sorted(rows, key=lambda row: row["capability"])
+
+
+@flow(name="traceops-route")
+def route_flow(home: str | None = None, adapters: list[dict[str, Any]] | None = None,
+               top_k: int | None = None, mode: str | None = None, base_model: str = "embedded",
+               lineage: dict[str, str] | None = None, parent_run_id: str | None = None,
+               overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Compose the capability adapters into a token-routed MoE-LoRA, fit the routers, register router and
+    composite.
+
+    ``adapters``: train_task results (default: the latest registered version of every capability in
+    ``data/environments``). ``top_k``/``mode`` (and ``overrides``) replace params.yaml's ``route`` values
+    for this run. Cached on the adapter versions, the parameters, the base model and the environments.
+    """
+    settings = config.load(home)
+    paths = settings.paths
+    registry.configure(paths)
+    rows = _adapter_rows(adapters) if adapters else latest_adapters(paths)
+    params = route_params(settings, overrides, top_k=top_k, mode=mode)
+    _folder, base_ref = registry.resolve_base_model(base_model)
+    # The routers are fitted on the environments' demonstrations: a changed environment refits them.
+    missing = [r["capability"] for r in rows if not (paths.environments / r["capability"]).is_dir()]
+    if missing:
+        raise StageError(f"route: no environments for {', '.join(missing)} under {paths.environments}; the "
+                         "routers are fitted on their demonstrations: run `traceops synthesize` first")
+    envs = {row["capability"]: folder_hash(paths.environments / row["capability"]) for row in rows}
+    key = stage_key("route", [(r["capability"], r["model_name"], r["model_version"]) for r in rows], params,
+                    base_ref, envs)
+    return run_cached(route_task, composite_exists, key=key, adapters=rows, home=home, params=params,
+                      base_model=base_model, lineage=lineage, parent_run_id=parent_run_id)

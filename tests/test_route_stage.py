@@ -1,0 +1,159 @@
+"""The route stage end to end: a real Prefect run of ``route_flow`` in a temp home (real MLflow store and
+registry) over two synthesized capabilities whose adapters (random LoRA weights on the random-init tiny
+Llama, saved as training saves them) are registered first; the flow finds them in the registry, fits the
+routers, saves and registers router and composite; a rerun is served from the cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from traceops import config, registry
+from traceops.errors import ConfigError
+
+CAPS = ["argument_grounding", "tool_call_format"]
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ROUTE = {"steps": 4, "batch_size": 4, "max_length": 96, "train_examples": 5, "val_examples": 2,
+         "learning_rate": 5e-2}
+
+
+def random_adapter(base_dir: Path, folder: Path, seed: int) -> Path:
+    """A PEFT LoRA with random weights, saved as training saves it (tokenizer + chat template)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from traceops.train.checkpoint import save_adapter
+    from traceops.train.config import load_tokenizer
+
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(base_dir)),
+                                LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, task_type="CAUSAL_LM"))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return save_adapter(peft_model, load_tokenizer(str(base_dir)), folder)
+
+
+@pytest.fixture()
+def route_home(home: Path, tiny_model_dir: Path) -> Path:
+    """A home with two synthesized capabilities and a registered adapter for each."""
+    import mlflow
+
+    from flows.runtime import prepare
+    from traceops.envs.synthesize import synthesize
+
+    (home / "params.yaml").write_text(yaml.safe_dump({"route": ROUTE}))
+    paths = prepare(home).paths
+    assert synthesize(CAPS, [], paths.environments, {"train_size": 5, "val_size": 2, "test_size": 2}).passed
+    lineage = registry.current_lineage(paths, str(tiny_model_dir), diagnosis_run="")
+    for seed, cap in enumerate(CAPS, start=1):
+        folder = random_adapter(tiny_model_dir, home / "trained" / cap, seed)
+        with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "train")):
+            registry.register_adapter(folder, cap, lineage, base_model=str(tiny_model_dir))
+    return home
+
+
+def logits(model: object, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids).logits  # type: ignore[operator]
+
+
+@pytest.mark.slow
+def test_route_flow_fits_registers_reloads_and_caches(route_home: Path, tiny_model_dir: Path) -> None:
+    from mlflow.tracking import MlflowClient
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from flows.route import route_flow
+    from traceops.moe import build_moe, load_moe, read_config
+
+    home = route_home
+    paths = config.load(home).paths
+    result = route_flow(home=str(home), base_model=str(tiny_model_dir))
+
+    adapters = {registry.adapter_model_name(c): "1" for c in CAPS}
+    assert result["router"] == {"name": registry.ROUTER_MODEL, "version": "1"}
+    assert result["composite"] == {"name": registry.COMPOSITE_MODEL, "version": "1"}
+    assert result["parent_versions"] == {**adapters, registry.ROUTER_MODEL: "1"}
+    composite_dir = Path(result["composite_path"])
+    assert composite_dir == paths.models / "composite"
+    info = json.loads((composite_dir / "composite.json").read_text())
+    assert {c: (e["model_name"], e["model_version"]) for c, e in info["experts"].items()} == {
+        c: (registry.adapter_model_name(c), "1") for c in CAPS}
+    assert info["top_k"] == 2 and info["mode"] == "token"
+    assert (composite_dir / "chat_template.jinja").is_file() or "chat_template" in json.loads(
+        (composite_dir / "tokenizer_config.json").read_text())
+
+    # One MLflow stage run: fit curves, accuracy per capability, the val routing summary and artifact.
+    client = MlflowClient(paths.mlflow_uri, paths.mlflow_uri)
+    run = client.get_run(result["mlflow_run"])
+    assert run.data.tags["traceops.stage"] == "route"
+    for part in ("total", "route", "lm", "balance", "z"):
+        history = client.get_metric_history(run.info.run_id, f"fit_{part}_loss")
+        assert [m.step for m in history] == [1, 2, 3, 4]
+    metrics = run.data.metrics
+    for cap in CAPS:
+        assert 0.0 <= metrics[f"routing_accuracy.{cap}"] <= 1.0
+        shares = [metrics[f"val_share.{cap}.{name}"] for name in [*CAPS, "null"]]
+        assert sum(shares) == pytest.approx(1.0, abs=1e-4)
+        assert result["routing"]["val"][cap]["tokens"] > 0
+    routing_doc = json.loads(Path(client.download_artifacts(run.info.run_id, "routing.json",
+                                                            str(home / "dl"))).read_text())
+    assert set(routing_doc["val_routing"]) == set(CAPS) and len(routing_doc["fit"]["losses"]["route"]) == 4
+
+    # Registered versions carry the lineage and their parents.
+    router_tags = client.get_model_version(registry.ROUTER_MODEL, "1").tags
+    composite_tags = client.get_model_version(registry.COMPOSITE_MODEL, "1").tags
+    assert json.loads(router_tags[registry.TAG_PARENT_VERSIONS]) == adapters
+    parents = json.loads(composite_tags[registry.TAG_PARENT_VERSIONS])
+    assert parents == {**adapters, registry.ROUTER_MODEL: "1"}
+    assert all(key in composite_tags for key in registry.LINEAGE_KEYS)
+    assert composite_tags[registry.TAG_SOURCE_RUN] == result["mlflow_run"]
+
+    # The registered composite = the registered adapters + the fitted routers: rebuilding it from the
+    # adapter versions and the saved router weights gives the reloaded composite's logits exactly.
+    registered = registry.download(registry.get_version(registry.COMPOSITE_MODEL, "1"), home / "composite-dl")
+    reloaded = load_moe(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval(), registered)
+    folders = {c: registry.download(registry.get_version(registry.adapter_model_name(c), "1"), home / "a" / c)
+               for c in CAPS}
+    saved = read_config(registered)
+    rebuilt = build_moe(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval(), folders,
+                        top_k=saved.top_k, router_seed=saved.router_seed)
+    routers = load_file(str(registered / "moe_model.safetensors"))
+    fitted_differs = False
+    with torch.no_grad():
+        for path, router in rebuilt.routers.items():
+            fitted_differs |= not torch.equal(router.proj.weight, routers[f"router.{path}.weight"])
+            router.proj.weight.copy_(routers[f"router.{path}.weight"])
+    assert fitted_differs  # the routers moved away from their seeded init
+    ids = torch.randint(3, 500, (2, 12), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(logits(reloaded, ids), logits(rebuilt, ids), rtol=0, atol=1e-6)
+    local = load_moe(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval(), composite_dir)
+    assert torch.equal(logits(local, ids), logits(reloaded, ids))
+
+    # Unchanged inputs: served from the cache, no new run, no new version.
+    again = route_flow(home=str(home), base_model=str(tiny_model_dir))
+    assert again["mlflow_run"] == result["mlflow_run"] and again["composite"] == result["composite"]
+    assert registry.latest_version(registry.COMPOSITE_MODEL).version == "1"
+
+    # Another top-k is another composite: refitted and registered as version 2 of both.
+    other = route_flow(home=str(home), base_model=str(tiny_model_dir), top_k=1)
+    assert other["mlflow_run"] != result["mlflow_run"]
+    assert other["composite"]["version"] == "2" and other["parent_versions"][registry.ROUTER_MODEL] == "2"
+    assert read_config(composite_dir).top_k == 1
+
+
+def test_route_params_refuse_unknown_keys(home: Path) -> None:
+    from tasks.route import ROUTE_DEFAULTS, route_params
+
+    (home / "params.yaml").write_text(yaml.safe_dump({"route": {"top_k": 3, "stepz": 5}}))
+    with pytest.raises(ConfigError, match="stepz"):
+        route_params(config.load(home))
+    (home / "params.yaml").write_text(yaml.safe_dump({"route": {"top_k": 3, "steps": 5}}))
+    params = route_params(config.load(home), {"batch_size": 2}, mode="request")
+    assert params == {**ROUTE_DEFAULTS, "top_k": 3, "steps": 5, "batch_size": 2, "mode": "request"}
