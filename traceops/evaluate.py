@@ -23,8 +23,15 @@ from traceops.evaluation.envs import (
 from traceops.evaluation.html import render_eval_html
 from traceops.evaluation.metrics import CapabilityEval, EnvEval, is_success, pass_hat_k
 from traceops.evaluation.oracle import OracleModel
-from traceops.evaluation.replay import ReplayEval, ReplayTask, failed_from_attributions, gap_of, replay_failed
-from traceops.evaluation.report import EvalReport, regression
+from traceops.evaluation.replay import (
+    ReplayEval,
+    ReplayTask,
+    failed_by_domain,
+    failed_from_attributions,
+    gap_of,
+    replay_failed,
+)
+from traceops.evaluation.report import EvalReport, read_reports, regression, write_reports
 from traceops.evaluation.runner import evaluate_model
 
 __all__ = [
@@ -38,13 +45,16 @@ __all__ = [
     "env_factory",
     "evaluate_envs",
     "evaluate_model",
+    "failed_by_domain",
     "failed_from_attributions",
     "gap_of",
     "is_success",
     "list_capabilities",
     "load_tasks",
     "pass_hat_k",
+    "read_reports",
     "regression",
     "render_eval_html",
     "replay_failed",
+    "write_reports",
 ]

@@ -266,3 +266,28 @@ def replay_failed(
         not_replayable=not_replayable,
         trajectories=list(trajectories),
     )
+
+
+def failed_by_domain(attributions: Any, domains: Mapping[str, str]) -> dict[str, list[Failed]]:
+    """The logged failures of ``failed_from_attributions(attributions)`` grouped by the domain of their
+    trajectory (``domains`` maps trajectory id -> domain, e.g. from the curated trajectories table);
+    a failure whose trajectory is unknown goes under ``""``."""
+    if hasattr(attributions, "to_dict") and hasattr(attributions, "columns"):
+        if "trajectory_id" not in attributions.columns:
+            raise ConfigError(
+                "attributions table lacks column 'trajectory_id'; pass the diagnose stage's "
+                "attributions.parquet"
+            )
+        rows = attributions.to_dict("records")
+    else:
+        rows = list(attributions)
+    grouped: dict[str, list[Failed]] = {}
+    for row in rows:
+        pairs = failed_from_attributions([row])
+        if not pairs:
+            continue
+        trajectory = (row.get("trajectory_id") if isinstance(row, Mapping)
+                      else getattr(row, "trajectory_id", None))
+        domain = domains.get(str(trajectory), "") if not _missing(trajectory) else ""
+        grouped.setdefault(domain, []).extend(pairs)
+    return dict(sorted(grouped.items()))

@@ -3,8 +3,10 @@ against the champion, as JSON and as flat MLflow metrics."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from traceops.evaluation.metrics import EnvEval
@@ -151,3 +153,44 @@ class EvalReport:
             replay=ReplayEval.from_dict(data["replay"]) if data.get("replay") else None,
             regression=dict(data["regression"]) if data.get("regression") else None,
         )
+
+
+EVAL_FORMAT = "traceops-eval/1"
+
+
+def write_reports(
+    reports: Mapping[str, EvalReport], out: str | Path, meta: Mapping[str, Any] | None = None
+) -> Path:
+    """Write every report (role -> ``EvalReport.details()``) plus ``meta`` as one JSON file, atomically;
+    ``read_reports`` loads it back."""
+    from traceops.atomic import atomic_write_text
+
+    doc = {
+        "format": EVAL_FORMAT,
+        **dict(meta or {}),
+        "models": {role: report.details() for role, report in reports.items()},
+    }
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+    return path
+
+
+def read_reports(path: str | Path) -> tuple[dict[str, EvalReport], dict[str, Any]]:
+    """The reports (role -> ``EvalReport``, in written order) and the other top-level fields of a file
+    written by ``write_reports``."""
+    from traceops.errors import InputError
+
+    file = Path(path)
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise InputError("missing; run `traceops evaluate` first", file=str(file)) from exc
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON ({exc}); run `traceops evaluate` again", file=str(file)) from exc
+    valid = isinstance(doc, dict) and doc.get("format") == EVAL_FORMAT and isinstance(doc.get("models"), dict)
+    if not valid:
+        raise InputError(f"not an evaluation file ({EVAL_FORMAT}); run `traceops evaluate` again",
+                         file=str(file))
+    reports = {str(role): EvalReport.from_details(data) for role, data in doc["models"].items()}
+    return reports, {k: v for k, v in doc.items() if k != "models"}

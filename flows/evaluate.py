@@ -1,0 +1,155 @@
+"""The evaluate flow: `traceops evaluate` and the nightly flow's sixth stage.
+
+Roles and where their weights come from, when the caller does not pass them:
+
+- ``base``: ``base_model`` (``embedded`` or a local folder), always;
+- ``adapter:<capability>``: the train stage's results, else the latest registered version of
+  ``traceops.adapter.<capability>`` for every capability under data/environments, else the train
+  stage's working folder ``models/adapters/<capability>``;
+- ``generic``: the generic LoRA the train stage wrote (``models/generic``), when there is one;
+- ``composite``: the route stage's result, else the latest registered ``traceops.composite``;
+- ``champion``: the composite holding the ``champion`` alias, re-evaluated on tonight's environments
+  (left out when it is tonight's composite: an unchanged night then hits the evaluation cache).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from tasks.cache import run_cached, stage_key
+from tasks.evaluate import ATTRIBUTIONS, evaluate_task, evaluation_outputs_exist
+from traceops import config, registry, versioning
+from traceops.errors import ConfigError
+from traceops.evaluation.envs import list_capabilities
+from traceops.evaluation.stage import BASE, CHAMPION, COMPOSITE, GENERIC, EvalParams, RoleSpec, adapter_role
+from traceops.hashing import file_hash, folder_hash
+from traceops.train.checkpoint import is_adapter
+
+
+def _adapter_folder(folder: Path) -> Path | None:
+    """A PEFT adapter folder at ``folder`` or its ``adapter/`` child (train_adapter's layout)."""
+    for candidate in (folder, folder / "adapter"):
+        if is_adapter(candidate):
+            return candidate
+    return None
+
+
+def _download(settings: config.Settings, ref: Any) -> str:
+    """The artifact folder of a registered version, downloaded once under models/registry/."""
+    dst = settings.paths.models / "registry" / ref.name / str(ref.version)
+    return str(registry.download(ref, dst))
+
+
+def _ref(data: Any) -> dict[str, str] | None:
+    if data is None:
+        return None
+    if hasattr(data, "as_dict"):
+        data = data.as_dict()
+    if isinstance(data, dict) and data.get("name") and data.get("version") is not None:
+        return {"name": str(data["name"]), "version": str(data["version"])}
+    return None
+
+
+def adapter_roles(settings: config.Settings, adapters: Any) -> list[RoleSpec]:
+    """Adapter roles from the train stage's results (a list of dicts with ``capability`` and
+    ``adapter_path``, or a mapping capability -> folder or result), else discovered (module docstring)."""
+    specs: list[RoleSpec] = []
+    if adapters is None:
+        env_root = settings.paths.environments
+        capabilities = list_capabilities(env_root) if env_root.is_dir() else []
+        for capability in capabilities:
+            ref = registry.latest_version(registry.adapter_model_name(capability))
+            if ref is not None:
+                specs.append(RoleSpec(adapter_role(capability), "adapter", _download(settings, ref),
+                                      _ref(ref), capability))
+                continue
+            folder = _adapter_folder(settings.paths.models / "adapters" / capability)
+            if folder is not None:
+                specs.append(RoleSpec(adapter_role(capability), "adapter", str(folder), None, capability))
+        return specs
+    items = list(adapters.items()) if isinstance(adapters, dict) else [(None, a) for a in adapters]
+    for capability, item in items:
+        if isinstance(item, (str, Path)):
+            path, ref, cap = str(item), None, capability
+        else:
+            path = str(item["adapter_path"])
+            cap = capability or item.get("capability")
+            ref = _ref({"name": item.get("model_name"), "version": item.get("model_version")})
+        if not cap:
+            raise ConfigError(f"adapter {path}: no capability given; pass train_task results or "
+                              "a mapping capability -> adapter folder")
+        specs.append(RoleSpec(adapter_role(str(cap)), "adapter", path, ref, str(cap)))
+    return specs
+
+
+def generic_role(settings: config.Settings, generic: Any) -> RoleSpec | None:
+    """The generic LoRA role from the train stage's result (``adapter_path``) or folder, else the
+    working folder models/generic when it holds an adapter."""
+    if generic is None:
+        folder = _adapter_folder(settings.paths.models / "generic")
+        return RoleSpec(GENERIC, "adapter", str(folder)) if folder is not None else None
+    path = generic if isinstance(generic, (str, Path)) else generic["adapter_path"]
+    return RoleSpec(GENERIC, "adapter", str(path))
+
+
+def composite_role(settings: config.Settings, composite: Any) -> RoleSpec | None:
+    """The composite role from the route stage's result (``composite`` ref + ``composite_path``) or a
+    folder, else the latest registered composite."""
+    if composite is None:
+        ref = registry.latest_version(registry.COMPOSITE_MODEL)
+        if ref is None:
+            return None
+        return RoleSpec(COMPOSITE, "composite", _download(settings, ref), _ref(ref))
+    if isinstance(composite, (str, Path)):
+        return RoleSpec(COMPOSITE, "composite", str(composite))
+    return RoleSpec(COMPOSITE, "composite", str(composite["composite_path"]),
+                    _ref(composite.get("composite")))
+
+
+def champion_role(settings: config.Settings, composite: RoleSpec | None) -> RoleSpec | None:
+    """The registered champion composite; None on the first night, and None when the champion is
+    tonight's composite itself (an unchanged night: same weights, nothing to compare, and the cache
+    key stays that of the night that produced it)."""
+    ref = registry.get_alias(registry.COMPOSITE_MODEL, "champion")
+    if ref is None or (composite is not None and composite.ref == _ref(ref)):
+        return None
+    return RoleSpec(CHAMPION, "composite", _download(settings, ref), _ref(ref))
+
+
+def _weights_id(spec: RoleSpec) -> Any:
+    """What identifies a role's weights in the cache key: its registered version, else its content."""
+    if spec.ref:
+        return spec.ref
+    return folder_hash(spec.path) if spec.path else None
+
+
+@flow(name="traceops-evaluate")
+def evaluate_flow(home: str | None = None, base_model: str = "embedded", adapters: Any = None,
+                  generic: Any = None, composite: Any = None,
+                  parent_run_id: str | None = None) -> dict[str, Any]:
+    """Evaluate base, adapters, generic LoRA, composite and champion (see the module docstring);
+    returns ``{"models": {role: summary}, "report_path", "eval_json", "mlflow_run", ...}``."""
+    settings = config.load(home)
+    registry.configure(settings.paths)
+    specs = [RoleSpec(BASE, "base"), *adapter_roles(settings, adapters)]
+    tonight = composite_role(settings, composite)
+    optional = (generic_role(settings, generic), tonight, champion_role(settings, tonight))
+    specs += [spec for spec in optional if spec is not None]
+    _base_dir, base_ref = registry.resolve_base_model(base_model)
+    paths = settings.paths
+    has_envs = paths.environments.is_dir()
+    env_version = versioning.data_version(paths.home, "data/environments") if has_envs else None
+    attributions = paths.diagnosis / ATTRIBUTIONS
+    key = stage_key(
+        "evaluate",
+        base_ref,
+        [(s.as_dict(), _weights_id(s)) for s in specs if s.kind != "base"],
+        env_version or (folder_hash(paths.environments) if has_envs else None),
+        file_hash(attributions) if attributions.is_file() else None,
+        EvalParams.from_params(settings.stage("evaluate")).as_dict(),
+    )
+    return run_cached(evaluate_task, evaluation_outputs_exist, key=key, roles=[s.as_dict() for s in specs],
+                      base_model=base_model, home=home, parent_run_id=parent_run_id)

@@ -1,0 +1,148 @@
+"""Prefect task for the evaluate stage: every role on tonight's held-out splits and logged-failure
+replays, eval.json + report.html, metrics in one MLflow stage run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tasks.cache import CACHED
+from tasks.retry import retry_unless_user_error
+from tasks.tracking import stage_run
+from traceops import config, registry
+from traceops.errors import StageError
+from traceops.evaluation.envs import list_capabilities
+from traceops.evaluation.html import render_eval_html
+from traceops.evaluation.replay import Failed, failed_by_domain
+from traceops.evaluation.report import EvalReport, write_reports
+from traceops.evaluation.stage import EvalParams, RoleSpec, evaluate_roles
+
+EVAL_JSON, REPORT_HTML = "eval.json", "report.html"
+ATTRIBUTIONS = "attributions.parquet"
+
+
+def evaluation_outputs_exist(result: dict[str, Any]) -> bool:
+    """Whether the files an evaluate result names are still on disk."""
+    return all(Path(result.get(k) or "").is_file() for k in ("eval_json", "report_path"))
+
+
+def logged_failures(settings: config.Settings) -> tuple[str | None, list[Failed], dict[str, int]]:
+    """The domain to replay and its logged failures (task id, attributed capability), from the
+    diagnosis' attributions joined to the curated trajectories' domains; plus the failure count of
+    every domain. The bundled (replayable) domain with the most failures is chosen; when none is
+    bundled, the largest one, whose tasks are then all reported as not replayable."""
+    import pyarrow.parquet as pq
+
+    from traceops.domains import domain_names
+    from traceops.store import TRAJECTORIES_FILE
+
+    attributions = settings.paths.diagnosis / ATTRIBUTIONS
+    if not attributions.is_file():
+        return None, [], {}
+    rows = pq.read_table(attributions).to_pandas()
+    trajectories = settings.paths.curated / TRAJECTORIES_FILE
+    domains: dict[str, str] = {}
+    if trajectories.is_file():
+        table = pq.read_table(trajectories, columns=["id", "domain"]).to_pydict()
+        domains = {str(i): str(d or "") for i, d in zip(table["id"], table["domain"], strict=True)}
+    grouped = failed_by_domain(rows, domains)
+    counts = {d: len(f) for d, f in grouped.items()}
+    if not grouped:
+        return None, [], counts
+    bundled = [d for d in grouped if d in domain_names()]
+    chosen = max(bundled or list(grouped), key=lambda d: (len(grouped[d]), d))
+    return chosen, grouped[chosen], counts
+
+
+def metric_prefix(role: str) -> str:
+    """A role as an MLflow metric prefix (``adapter:x`` -> ``adapter.x``; MLflow names have no colon)."""
+    return role.replace(":", ".")
+
+
+def role_summary(report: EvalReport, spec: RoleSpec, seconds: float) -> dict[str, Any]:
+    """The JSON-able summary of one role the flow returns: where the model came from and its numbers."""
+    row = report.to_dict()
+    return {
+        "kind": spec.kind,
+        "ref": spec.ref,
+        "path": spec.path,
+        "capability": spec.capability,
+        "model_id": report.model_id,
+        "weights_hash": report.weights_hash,
+        "success": report.success,
+        "success_overall": row["success.overall"],
+        "pass_k": row["pass_k"],
+        "mean_reward": row["mean_reward.overall"],
+        "repeat_failure_rate": row["repeat_failure_rate"],
+        "refailure_rate": row["refailure_rate"],
+        "replayed": row["replay.replayed"],
+        "regression_overall": row.get("regression.overall"),
+        "seconds": seconds,
+    }
+
+
+@task(name="evaluate", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
+      **CACHED)
+def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embedded",
+                  home: str | None = None, parent_run_id: str | None = None) -> dict[str, Any]:
+    """Evaluate every role (``RoleSpec`` dicts) on the test split of every environment and on the
+    replay of the logged failures; write ``eval.json`` and ``report.html`` under ``paths.eval``.
+
+    ``key`` (model versions + environments + attributions + parameters) is the cache key: an
+    unchanged night is not evaluated twice.
+    """
+    import mlflow
+    from prefect import get_run_logger
+
+    settings = config.load(home)
+    paths = settings.paths
+    params = EvalParams.from_params(settings.stage("evaluate"))
+    specs = [RoleSpec.from_dict(r) for r in roles]
+    if not specs:
+        raise StageError("evaluate: no model to evaluate; train adapters and route them first")
+    base_dir, base_ref = registry.resolve_base_model(base_model)
+    capabilities = list_capabilities(paths.environments)
+    if not capabilities:
+        raise StageError(f"evaluate: no environments under {paths.environments}; run `traceops synthesize`")
+    domain, failed, failed_counts = logged_failures(settings) if params.replay else (None, [], {})
+    logger = get_run_logger()
+    with stage_run(settings, "evaluate", parent_run_id,
+                   params={**params.as_dict(), "base_model": base_ref,
+                           "roles": ",".join(s.role for s in specs),
+                           "capabilities": ",".join(capabilities), "replay_domain": domain,
+                           "replayed_failures": len(failed)}) as run:
+        reports, seconds = evaluate_roles(
+            specs, base_dir, paths.environments, capabilities, params, domain=domain, failed=failed,
+            progress=lambda role: logger.info("evaluating %s", role),
+        )
+        meta = {
+            "key": key,
+            "base_model": base_ref,
+            "capabilities": capabilities,
+            "params": params.as_dict(),
+            "replay": {"domain": domain, "failed": len(failed), "failed_by_domain": failed_counts},
+            "roles": {s.role: s.as_dict() for s in specs},
+            "seconds": seconds,
+            "mlflow_run": run.info.run_id,
+        }
+        eval_json = write_reports(reports, paths.eval / EVAL_JSON, meta)
+        report_path = render_eval_html(reports, paths.eval / REPORT_HTML, title="traceops evaluation")
+        for role, report in reports.items():
+            mlflow.log_metrics({f"{metric_prefix(role)}.{name}": value
+                                for name, value in report.metrics().items()})
+        mlflow.log_metrics({f"seconds.{metric_prefix(r)}": s for r, s in seconds.items()})
+        mlflow.log_artifact(str(eval_json), "evaluation")
+        mlflow.log_artifact(str(report_path), "evaluation")
+    by_spec = {s.role: s for s in specs}
+    return {
+        "models": {role: role_summary(report, by_spec[role], seconds[role])
+                   for role, report in reports.items()},
+        "report_path": str(report_path),
+        "eval_json": str(eval_json),
+        "mlflow_run": run.info.run_id,
+        "capabilities": capabilities,
+        "replay": meta["replay"],
+        "seconds": seconds,
+    }

@@ -1,0 +1,192 @@
+"""ChatModels over trained weights (base + PEFT adapter, base + MoE-LoRA composite, or the base alone),
+prompting exactly as training did.
+
+Training (``traceops.train``) renders every conversation with TRL's Qwen2.5 chat template (saved into
+each adapter folder), opens it with ``train.data.system_prompt(env)`` (the environment's prompt or the
+generic tool-use one) and writes each assistant turn as its text followed by
+``<tool_call>{json}</tool_call>`` lines, with tool results as plain ``tool`` messages. The agent loop
+keeps structured history instead: assistant ``tool_calls``, tool messages with names and call ids, and
+no system message when the environment has none; the Qwen2.5 template would render those calls with
+extra newlines the adapters never saw. ``training_conversation`` maps the agent's history onto the
+training form, so the token ids an adapter is prompted with at evaluation equal the ones it was trained
+on (tests/test_model_adapted.py checks this against ``train.sft.assistant_mask``).
+
+The base model is evaluated the same way (``load_base_model``): same template, same history form, so
+base, adapters, generic LoRA and composite are compared on identical prompts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from traceops.errors import ModelError
+from traceops.hashing import content_hash
+from traceops.model.base import Completion, GenerationConfig, ModelInfo
+from traceops.model.embedded import read_manifest, safetensors_hash
+from traceops.model.local import LocalChatModel
+from traceops.model.toolcalls import assistant_text, messages_to_chat, render_prompt
+
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+
+
+def training_conversation(messages: list[Any]) -> list[dict[str, str]]:
+    """An agent-loop conversation (schema Messages or OpenAI dicts) in the form training renders.
+
+    System, user and tool messages keep only role and content; an assistant message becomes its
+    stripped text followed by its calls in canonical ``<tool_call>`` form (``train.data.turn_text``);
+    a conversation without a system message gets ``DEFAULT_SYSTEM_PROMPT``, as
+    ``train.data.system_prompt`` gives environments without one.
+    """
+    from traceops.train.config import DEFAULT_SYSTEM_PROMPT
+
+    out: list[dict[str, str]] = []
+    for message in messages_to_chat(messages):
+        role = message["role"]
+        content = message.get("content") or ""
+        if role == "assistant":
+            calls = [(c["function"]["name"], c["function"]["arguments"])
+                     for c in message.get("tool_calls", [])]
+            content = assistant_text(content, calls)
+        out.append({"role": role, "content": content})
+    if not out or out[0]["role"] != "system":
+        out.insert(0, {"role": "system", "content": DEFAULT_SYSTEM_PROMPT})
+    return out
+
+
+class TrainedChatModel(LocalChatModel):
+    """A ``LocalChatModel`` that renders conversations the way training did (``training_conversation``).
+
+    Built with ``from_objects`` by the loaders below; ``composite`` holds the ``MoEModel`` wrapper of a
+    composite (its routers and hooks live on ``model``), else None.
+    """
+
+    composite: Any = None
+
+    def prompt(self, conversation: list[Any], tools: list[Any] | None = None) -> str:
+        """The exact prompt text generation starts from for ``conversation``."""
+        return render_prompt(self.tokenizer, training_conversation(conversation), tools)
+
+    def prompt_ids(self, conversation: list[Any], tools: list[Any] | None = None) -> list[int]:
+        """The token ids of ``prompt`` as ``complete`` tokenizes them (no added special tokens)."""
+        return list(self.tokenizer(self.prompt(conversation, tools), add_special_tokens=False)["input_ids"])
+
+    def complete(self, conversations: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None,
+                 config: GenerationConfig | None = None) -> list[Completion]:
+        """``LocalChatModel.complete`` over the training form of each conversation."""
+        return super().complete([training_conversation(c) for c in conversations], tools, config)
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+
+def _tokenizer(base_model_dir: Path, trained_dir: Path | None) -> Any:
+    """The tokenizer training saved next to the weights (its chat template is the one trained on); the
+    base tokenizer with the training template when the folder has none."""
+    from transformers import AutoTokenizer
+
+    from traceops.train.config import chat_template, load_tokenizer
+
+    if trained_dir is not None and _has_tokenizer(trained_dir):
+        tokenizer = AutoTokenizer.from_pretrained(str(trained_dir))
+        if not tokenizer.chat_template:
+            tokenizer.chat_template = chat_template()
+    else:
+        tokenizer = load_tokenizer(str(base_model_dir))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _load_base(base_model_dir: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    if not (base_model_dir / "config.json").is_file():
+        raise ModelError(f"base model {base_model_dir}: no config.json; pass the folder the adapters were "
+                         "trained on (registry.resolve_base_model('embedded') gives the embedded one)")
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype="float32",
+                                                    use_safetensors=True)
+    except Exception as exc:  # transformers raises many types; name the folder and the fix
+        raise ModelError(f"{base_model_dir}: could not load the base model ({exc}); the folder needs "
+                         "config.json and *.safetensors weights") from exc
+
+
+def _base_info(base_model_dir: Path) -> tuple[str, str]:
+    """(model id, weights hash) of a base folder: its recorded manifest, else its folder name and the
+    sha256 of its safetensors."""
+    manifest = read_manifest(base_model_dir) or {}
+    model_id = str(manifest.get("model_id") or base_model_dir.name)
+    weights = str(manifest.get("weights_sha256") or safetensors_hash(base_model_dir))
+    return model_id, weights
+
+
+def load_base_model(base_model_dir: str | Path, batch_size: int = 8) -> TrainedChatModel:
+    """The base model prompted exactly like the adapters (training template and history form): the
+    baseline of a fair comparison."""
+    base_dir = Path(base_model_dir)
+    model = _load_base(base_dir)
+    model_id, weights = _base_info(base_dir)
+    info = ModelInfo(model_id=model_id, weights_hash=weights,
+                     extra={"backend": "local", "kind": "base", "base_model_dir": str(base_dir),
+                            "chat_template": "trl/qwen2_5"})
+    return TrainedChatModel.from_objects(model, _tokenizer(base_dir, None), info, batch_size)
+
+
+def load_adapter_model(base_model_dir: str | Path, adapter_dir: str | Path, batch_size: int = 8,
+                       merge: bool = True) -> TrainedChatModel:
+    """The base model with the PEFT adapter in ``adapter_dir``, prompted as the adapter was trained.
+
+    ``merge`` folds the LoRA into the base weights (same function, no adapter overhead per token).
+    Raises ModelError when the folder is not a PEFT adapter or does not fit the base.
+    """
+    from peft import PeftModel
+
+    base_dir, folder = Path(base_model_dir), Path(adapter_dir)
+    if not (folder / "adapter_config.json").is_file() or not (folder / "adapter_model.safetensors").is_file():
+        raise ModelError(f"{folder}: not a PEFT adapter folder (adapter_config.json + "
+                         "adapter_model.safetensors); pass the adapter the train stage wrote or downloaded")
+    base = _load_base(base_dir)
+    try:
+        model = PeftModel.from_pretrained(base, str(folder))
+    except Exception as exc:  # peft raises KeyError/RuntimeError/ValueError on a mismatched base
+        raise ModelError(f"{folder}: the adapter does not load onto base {base_dir} ({exc}); pass the base "
+                         "model it was trained on") from exc
+    if merge:
+        model = model.merge_and_unload()
+    model_id, weights = _base_info(base_dir)
+    adapter_hash = safetensors_hash(folder)
+    info = ModelInfo(
+        model_id=f"{model_id}+lora:{folder.name}",
+        weights_hash=content_hash({"base": weights, "adapter": adapter_hash}, length=64),
+        extra={"backend": "local", "kind": "adapter", "base_model_dir": str(base_dir),
+               "adapter_dir": str(folder), "adapter_sha256": adapter_hash, "merged": merge},
+    )
+    return TrainedChatModel.from_objects(model, _tokenizer(base_dir, folder), info, batch_size)
+
+
+def load_composite_model(base_model_dir: str | Path, composite_dir: str | Path,
+                         batch_size: int = 8) -> TrainedChatModel:
+    """The base model wrapped with the MoE-LoRA composite saved in ``composite_dir`` (``save_moe``):
+    generation goes through HF ``generate`` with KV cache, routing per token (or per request, as the
+    composite's config says)."""
+    from traceops.moe.io import WEIGHTS_NAME, load_moe
+
+    base_dir, folder = Path(base_model_dir), Path(composite_dir)
+    base = _load_base(base_dir)
+    moe = load_moe(base, folder)
+    model_id, weights = _base_info(base_dir)
+    composite_hash = content_hash({"weights": safetensors_hash(folder),
+                                   "config": moe.config.to_dict()}, length=64)
+    info = ModelInfo(
+        model_id=f"{model_id}+moe:{'+'.join(moe.config.experts)}",
+        weights_hash=content_hash({"base": weights, "composite": composite_hash}, length=64),
+        extra={"backend": "local", "kind": "composite", "base_model_dir": str(base_dir),
+               "composite_dir": str(folder), "experts": list(moe.config.experts),
+               "top_k": moe.config.top_k, "mode": moe.config.mode, "weights_file": WEIGHTS_NAME},
+    )
+    # The HF model itself carries the routed layers and hooks: generate through it directly.
+    chat = TrainedChatModel.from_objects(moe.model, _tokenizer(base_dir, folder), info, batch_size)
+    chat.composite = moe
+    return chat
