@@ -168,7 +168,8 @@ def test_bad_input_is_refused_before_training(tmp_path: Path, tiny_base: Path, h
     with pytest.raises(ConfigError, match="GiB"):
         check_fits(BUDGETS["small"], 135_000_000, 4_880_000, 576, 30, 9, 49152, available=1 << 30)
     # FACTS.md calibration: 4 GB measured at batch 4 x 256 for the 135M model.
-    calibration = replace(BUDGETS["small"], grpo_prompts_per_step=1, num_generations=4, sft_max_length=256)
+    calibration = replace(BUDGETS["small"], grpo_prompts_per_step=1, num_generations=4, sft_max_length=256,
+                          sft_batch_size=4, gradient_checkpointing=False)
     need = check_fits(calibration, 134_515_008, 4_884_480, 576, 30, 9, 49152, available=1 << 40)
     assert 2.5e9 < need < 6e9
     assert not (tmp_path / "out" / "adapter").exists()
@@ -259,7 +260,8 @@ def test_multi_turn_grpo_runs_through_trl_environment_factory(tmp_path: Path, ti
     tokenizer = load_tokenizer(str(tiny_base))
     base = AutoModelForCausalLM.from_pretrained(str(tiny_base))
     model = get_peft_model(base, AdapterSettings().lora_config())
-    budget = replace(BUDGETS["tiny"], grpo_steps=1, num_generations=2, max_completion_length=16)
+    budget = replace(BUDGETS["tiny"], grpo_steps=1, grpo_prompts_per_step=2, num_generations=2,
+                     max_completion_length=16)
     rows = grpo_rows(env_set, tokenizer, multi_turn=True)
     trainer = build_grpo_trainer(model, tokenizer, env_set, rows, budget, tmp_path / "grpo", 0, True)
     assert sorted(trainer._env_tools[None][i].__name__ for i in range(2)) == ["find_user", "list_orders"]
@@ -298,7 +300,8 @@ def test_train_adapter_resumes_after_interruption(tmp_path: Path, tiny_base: Pat
     assert result.resumed_from == {"sft": 2, "grpo": None}
     assert [s for p, s in lines if p == "sft" and s <= 4][0] == 3
     assert len(result.sft_losses) == 4 and len(result.grpo_rewards) == 1
-    assert result.total_groups == 2 and 0 <= result.dropped_constant_groups <= 2
+    groups = budget.grpo_steps * budget.grpo_prompts_per_step
+    assert result.total_groups == groups and 0 <= result.dropped_constant_groups <= groups
     assert result.val_before["n"] == 2 and 0.0 <= result.val_after["success"] <= 1.0
     assert result.config["adapter"]["r"] == 16 and not result.config["multi_turn"]
     adapter = Path(result.adapter_path)

@@ -249,12 +249,13 @@ def _register(name: str, kind: str, folder: str | Path, artifact_key: str, linea
 
 
 def register_adapter(adapter_dir: str | Path, capability: str, lineage: dict[str, str], *,
-                     base_model: str | None = None) -> ModelRef:
+                     base_model: str | None = None, extra_tags: dict[str, str] | None = None) -> ModelRef:
     """Log the PEFT adapter folder as a pyfunc model of the active run and register it as
     ``traceops.adapter.<capability>`` with the lineage tags; idempotent per run.
 
     ``base_model`` (a spec for ``resolve_base_model``) defaults to ``embedded`` when the lineage names
-    the embedded model, else to the folder in the adapter's ``adapter_config.json``.
+    the embedded model, else to the folder in the adapter's ``adapter_config.json``. ``extra_tags`` are
+    set on the version in the same registration call (no window where a version lacks them).
     """
     name = adapter_model_name(capability)
     config_file = Path(adapter_dir) / "adapter_config.json"
@@ -262,7 +263,7 @@ def register_adapter(adapter_dir: str | Path, capability: str, lineage: dict[str
         raise ConfigError(f"{adapter_dir} has no adapter_config.json; it is not a PEFT adapter folder")
     recorded = json.loads(config_file.read_text()).get("base_model_name_or_path")
     return _register(name, "adapter", adapter_dir, "adapter", lineage, recorded, base_model,
-                     {TAG_CAPABILITY: capability}, {"capability": capability})
+                     {TAG_CAPABILITY: capability, **(extra_tags or {})}, {"capability": capability})
 
 
 def _register_composite_as(name: str, composite_dir: str | Path, lineage: dict[str, str],

@@ -21,7 +21,14 @@ from traceops.hashing import content_hash
 from traceops.train import checkpoint as ckpt
 from traceops.train.budgets import Budget, check_fits, get_budget
 from traceops.train.config import AdapterSettings, load_tokenizer
-from traceops.train.data import EnvironmentSet, grpo_rows, is_multi_turn, load_environment_set, sft_rows
+from traceops.train.data import (
+    EnvironmentSet,
+    grpo_rows,
+    is_multi_turn,
+    load_environment_set,
+    oracle_turns,
+    sft_rows,
+)
 
 LogCallback = Callable[[str, int, dict[str, float]], None]
 
@@ -117,13 +124,25 @@ def _load_base(base_model_dir: Path, budget: Budget) -> Any:
 
 
 def _evaluate_splits(model: Any, tokenizer: Any, env_set: EnvironmentSet, budget: Budget,
-                     multi_turn: bool) -> dict[str, Any]:
+                     multi_turn: bool, splits: tuple[str, ...] = ("val", "test")) -> dict[str, Any]:
     """Val and test success; single-turn families are judged on one assistant turn, as GRPO rewards them."""
     from traceops.train.rollouts import evaluate
 
-    turns = budget.max_turns if multi_turn else 1
-    return {split: evaluate(model, tokenizer, env_set, split, budget.eval_tasks, turns,
-                            budget.eval_max_new_tokens).as_dict() for split in ("val", "test")}
+    results = {}
+    for split in splits:
+        turns = episode_turns(env_set, split, budget) if multi_turn else 1
+        results[split] = evaluate(model, tokenizer, env_set, split, budget.eval_tasks, turns,
+                                  budget.eval_max_new_tokens).as_dict()
+    return results
+
+
+def episode_turns(env_set: EnvironmentSet, split: str, budget: Budget) -> int:
+    """Assistant turns an evaluation episode gets: one more than the oracle needs on the split's longest
+    task, capped by the budget. A model stuck calling tools in a loop cannot succeed after that anyway,
+    and the cap keeps evaluation from paying for runaway episodes."""
+    env = env_set.factory()
+    needed = max((oracle_turns(env, task) for task in env_set.tasks(split)[:budget.eval_tasks]), default=1)
+    return max(1, min(budget.episode_turns, needed + 1))
 
 
 def _run_phase(trainer: Any, out_dir: Path, phase: str, resume: bool) -> int | None:

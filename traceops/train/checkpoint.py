@@ -15,6 +15,7 @@ A phase is finished when its adapter folder holds ``adapter_config.json`` and
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,26 @@ def phase_dir(out_dir: Path, phase: str) -> Path:
     return Path(out_dir) / "checkpoints" / phase
 
 
+def is_complete(checkpoint: Path) -> bool:
+    """True when the HF Trainer finished writing ``checkpoint``: it writes trainer_state.json last."""
+    return read_json(Path(checkpoint) / "trainer_state.json") is not None
+
+
 def last_checkpoint(folder: Path) -> Path | None:
-    """The newest ``checkpoint-<step>`` folder under ``folder``, or None."""
-    if not Path(folder).is_dir():
-        return None
-    found = get_last_checkpoint(str(folder))
-    return Path(found) if found else None
+    """The newest complete ``checkpoint-<step>`` folder under ``folder``, or None.
+
+    A process killed while saving leaves a partial newest folder; it is skipped (and removed, so the
+    resumed trainer can write that step again) in favour of the previous complete one.
+    """
+    folder = Path(folder)
+    while folder.is_dir():
+        found = get_last_checkpoint(str(folder))
+        if not found:
+            return None
+        if is_complete(Path(found)):
+            return Path(found)
+        shutil.rmtree(found, ignore_errors=True)
+    return None
 
 
 def checkpoint_step(checkpoint: Path | None) -> int | None:

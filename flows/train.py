@@ -1,0 +1,95 @@
+"""The train flow: `traceops train` and the nightly flow's fourth stage.
+
+``train_task`` is mapped over the capabilities on the task runner that params.yaml's ``runner`` section
+chooses (flows/runners.py: one in-process worker by default, since training is CPU-bound on 2 cores;
+more workers or Ray on bigger machines). Each adapter is cached on the content hash of its own
+environments folder, the budget, the base model and the seed, so new logs that change one capability's
+environments retrain only that adapter; the generic LoRA is cached on all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from tasks.cache import stage_key
+from tasks.train import adapter_outputs_exist, generic_outputs_exist, train_generic_task, train_task
+from traceops import config, registry
+from traceops.errors import ConfigError
+from traceops.hashing import folder_hash
+from traceops.train.budgets import resolve_budget
+
+
+def available_capabilities(settings: config.Settings) -> list[str]:
+    """Capabilities with a synthesized environments folder (data/environments/<capability>/manifest.json)."""
+    root = settings.paths.environments
+    return sorted(p.parent.name for p in root.glob("*/manifest.json")) if root.is_dir() else []
+
+
+def adapter_key(settings: config.Settings, capability: str, budget: dict[str, Any], base_ref: str,
+                seed: int) -> str:
+    """Cache key of one adapter: its environments' content, the budget, the base model and the seed."""
+    envs = settings.paths.environments / capability
+    return stage_key("train", capability, folder_hash(envs), budget, base_ref, seed)
+
+
+@flow(name="traceops-train-adapters")
+def _train_adapters(calls: list[dict[str, Any]], home: str | None) -> list[dict[str, Any]]:
+    """Submit every adapter's training to the flow's task runner; a cached result whose outputs are gone
+    (adapter folder or registered version) is trained again for real."""
+    futures = [train_task.submit(**call) for call in calls]
+    results = [future.result() for future in futures]
+    for i, (call, result) in enumerate(zip(calls, results, strict=True)):
+        if not adapter_outputs_exist(result, home):
+            results[i] = train_task.with_options(refresh_cache=True)(**call)
+    return results
+
+
+@flow(name="traceops-train")
+def train_flow(home: str | None = None, capabilities: list[str] | None = None, budget: str | None = None,
+               base_model: str | None = None, lineage: dict[str, str] | None = None,
+               parent_run_id: str | None = None, generic: bool | None = None) -> dict[str, Any]:
+    """Train one adapter per capability (default: every synthesized one) and, with ``generic``, the
+    generic LoRA baseline. ``budget``, ``base_model``, ``generic`` default to params.yaml's ``train``.
+
+    Returns {"adapters": [train_task results], "generic": train_generic_task result or None}.
+    """
+    from flows.runners import task_runner
+
+    settings = config.load(home)
+    params = settings.stage("train")
+    budget = str(budget or params.get("budget", "small"))
+    base_model = str(base_model or params.get("base_model", "embedded"))
+    generic = bool(params.get("generic", True)) if generic is None else generic
+    seed = int(params.get("seed", 0))
+    overrides = dict(params.get("budget_overrides") or {})
+    # An unknown budget or override fails here, before anything runs.
+    effective = resolve_budget(budget, overrides).as_dict()
+    found = available_capabilities(settings)
+    chosen = list(capabilities) if capabilities else found
+    missing = sorted(set(chosen) - set(found))
+    if missing or not chosen:
+        raise ConfigError(f"train: no environments for {', '.join(missing) or 'any capability'} under "
+                          f"{settings.paths.environments} (found: {', '.join(found) or 'none'}); run "
+                          "`traceops synthesize` first")
+    _folder, base_ref = registry.resolve_base_model(base_model)
+    registry.configure(settings.paths)
+    lineage = dict(lineage or registry.current_lineage(settings.paths, base_model))
+    calls = [{"key": adapter_key(settings, c, effective, base_ref, seed), "capability": c, "home": home,
+              "budget": budget, "base_model": base_model, "lineage": lineage,
+              "parent_run_id": parent_run_id, "seed": seed, "budget_overrides": overrides} for c in chosen]
+    runner = _train_adapters.with_options(task_runner=task_runner(settings))
+    adapters = runner(calls, home)
+    generic_result = None
+    if generic:
+        everything = sorted(chosen)
+        key = stage_key("train-generic", [folder_hash(settings.paths.environments / c) for c in everything],
+                        everything, effective, base_ref, seed)
+        kwargs = {"key": key, "capabilities": everything, "home": home, "budget": budget,
+                  "base_model": base_model, "parent_run_id": parent_run_id, "seed": seed,
+                  "budget_overrides": overrides}
+        generic_result = train_generic_task(**kwargs)
+        if not generic_outputs_exist(generic_result):
+            generic_result = train_generic_task.with_options(refresh_cache=True)(**kwargs)
+    return {"adapters": adapters, "generic": generic_result}

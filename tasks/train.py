@@ -1,0 +1,244 @@
+"""Prefect tasks for the train stage: one LoRA adapter per capability (registered) and the generic LoRA.
+
+Each adapter is one MLflow run in experiment ``traceops/train`` (nested under the night's run) holding the
+budget as params, the SFT loss and GRPO reward curves (step-indexed), dropped constant-reward groups,
+val/test success before and after, and timings; the adapter is then registered as
+``traceops.adapter.<capability>`` with the lineage tags.
+
+Resume after a kill: checkpoints live under ``models/checkpoints/<capability>`` and the rerun continues
+from the last one. The killed attempt's MLflow run is closed as KILLED, and registration is idempotent
+per (capability, adapter content hash): the version carries ``traceops.adapter_hash``, and a rerun that
+produces the same adapter folder returns the existing version instead of registering a second one.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tasks.cache import CACHED
+from tasks.retry import retry_unless_user_error
+from tasks.tracking import stage_run, work_timer
+from traceops import config, registry
+from traceops.atomic import atomic_folder
+from traceops.errors import ConfigError
+from traceops.hashing import folder_hash
+from traceops.train import checkpoint as ckpt
+from traceops.train.budgets import Budget, resolve_budget
+
+TAG_CAPABILITY = registry.TAG_CAPABILITY
+TAG_ADAPTER_HASH = "traceops.adapter_hash"
+TAG_TRAIN_KEY = "traceops.train_key"
+TAG_ROLE = "traceops.role"
+
+
+def adapter_dir(paths: config.Paths, capability: str) -> Path:
+    """Where a capability's finished adapter folder (PEFT format) is kept: models/adapters/<capability>."""
+    return paths.models / "adapters" / capability
+
+
+def work_dir(paths: config.Paths, capability: str) -> Path:
+    """A capability's training folder (checkpoints, SFT adapter, logs): models/checkpoints/<capability>."""
+    return paths.models / "checkpoints" / capability
+
+
+def generic_dir(paths: config.Paths) -> Path:
+    """Where the generic LoRA's adapter folder is kept: models/generic."""
+    return paths.models / "generic"
+
+
+def budget_params(budget: Budget) -> dict[str, Any]:
+    """A budget's fields as flat MLflow params (``budget.<field>``)."""
+    return {f"budget.{k}": v for k, v in budget.as_dict().items()}
+
+
+def _publish(src: Path, dst: Path) -> Path:
+    """Copy a finished adapter folder to its published place, whole or not at all."""
+    with atomic_folder(dst) as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+    return dst
+
+
+def close_abandoned_runs(paths: config.Paths, key: str, keep: str) -> list[str]:
+    """Mark as KILLED the still-RUNNING train runs of an earlier attempt at the same ``key`` (a killed
+    process cannot end its own run); returns their ids."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(paths.mlflow_uri, paths.mlflow_uri)
+    experiment = client.get_experiment_by_name(registry.experiment_name("train"))
+    if experiment is None:
+        return []
+    runs = client.search_runs([experiment.experiment_id],
+                              f"tags.`{TAG_TRAIN_KEY}` = '{key}' and attributes.status = 'RUNNING'")
+    closed = [run.info.run_id for run in runs if run.info.run_id != keep]
+    for run_id in closed:
+        client.set_terminated(run_id, status="KILLED")
+    return closed
+
+
+def find_version(paths: config.Paths, name: str, adapter_hash: str) -> Any | None:
+    """The registered version of ``name`` whose adapter folder hash is ``adapter_hash``, if any."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(paths.mlflow_uri, paths.mlflow_uri)
+    try:
+        found = client.search_model_versions(
+            f"name = '{name}' and tags.`{TAG_ADAPTER_HASH}` = '{adapter_hash}'")
+    except MlflowException:
+        return None
+    return min(found, key=lambda v: int(v.version)) if found else None
+
+
+def register_once(paths: config.Paths, folder: Path, capability: str, lineage: dict[str, str],
+                  base_model: str) -> dict[str, str]:
+    """Register ``folder`` as a version of ``traceops.adapter.<capability>`` unless a version with the same
+    adapter content hash exists; returns {"name", "version", "run_id", "adapter_hash"}."""
+    name = registry.adapter_model_name(capability)
+    adapter_hash = folder_hash(folder)
+    existing = find_version(paths, name, adapter_hash)
+    if existing is not None:
+        return {"name": name, "version": str(existing.version), "run_id": existing.run_id or "",
+                "adapter_hash": adapter_hash, "reused": "true"}
+    ref = registry.register_adapter(folder, capability, lineage, base_model=base_model,
+                                    extra_tags={TAG_ADAPTER_HASH: adapter_hash})
+    return {"name": ref.name, "version": str(ref.version), "run_id": ref.run_id, "adapter_hash": adapter_hash,
+            "reused": "false"}
+
+
+def _log_curves(result: Any) -> None:
+    """SFT loss and GRPO reward per step, success before/after, dropped groups and timings."""
+    import mlflow
+
+    for step, loss in enumerate(result.sft_losses, start=1):
+        mlflow.log_metric("sft_loss", loss, step=step)
+    for step, reward in enumerate(result.grpo_rewards, start=1):
+        mlflow.log_metric("grpo_reward", reward, step=step)
+    metrics = {"dropped_constant_groups": result.dropped_constant_groups, "grpo_groups": result.total_groups}
+    for split in ("val", "test"):
+        for when in ("before", "after"):
+            scores = getattr(result, f"{split}_{when}")
+            metrics[f"{split}_success_{when}"] = scores["success"]
+            metrics[f"{split}_mean_reward_{when}"] = scores["mean_reward"]
+    metrics.update({f"seconds.{phase}": secs for phase, secs in result.timings.items()})
+    mlflow.log_metrics(metrics)
+
+
+def adapter_outputs_exist(result: dict[str, Any], home: str | None = None) -> bool:
+    """Whether a cached train result's adapter folder and registered version both still exist."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    if not ckpt.is_adapter(Path(result.get("adapter_path", ""))):
+        return False
+    paths = config.load(home).paths
+    registry.configure(paths)
+    try:
+        MlflowClient(paths.mlflow_uri, paths.mlflow_uri).get_model_version(result["model_name"],
+                                                                           result["model_version"])
+    except (MlflowException, KeyError):
+        return False
+    return True
+
+
+def generic_outputs_exist(result: dict[str, Any]) -> bool:
+    """Whether a cached generic result's adapter folder still exists."""
+    return ckpt.is_adapter(Path(result.get("adapter_path", "")))
+
+
+@task(name="train-adapter", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
+      **CACHED)
+def train_task(key: str, capability: str, home: str | None = None, budget: str = "small",
+               base_model: str = "embedded", lineage: dict[str, str] | None = None,
+               parent_run_id: str | None = None, seed: int = 0,
+               budget_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train, track and register one capability's adapter; resumes a killed attempt from its checkpoint.
+
+    ``key`` (the capability's environments folder hash, budget, base model, seed) is the cache key, so
+    new logs that change one capability's environments retrain only that adapter.
+    """
+    import mlflow
+
+    from traceops.train import train_adapter
+
+    settings = config.load(home)
+    paths = settings.paths
+    envs = paths.environments / capability
+    if not (envs / "manifest.json").is_file():
+        raise ConfigError(f"train: no environments for '{capability}' under {envs}; run "
+                          "`traceops synthesize` first or pick a capability listed in data/environments")
+    base_dir, base_ref = registry.resolve_base_model(base_model)
+    lineage = dict(lineage or registry.current_lineage(paths, base_model))
+    chosen = resolve_budget(budget, budget_overrides)
+    params = {"capability": capability, "base_model": base_ref, "seed": seed, **budget_params(chosen)}
+    with stage_run(settings, "train", parent_run_id, params=params) as run:
+        run_id = run.info.run_id
+        mlflow.set_tags({TAG_CAPABILITY: capability, TAG_TRAIN_KEY: key, TAG_ROLE: "adapter",
+                         **{k: v for k, v in lineage.items() if v}})
+        abandoned = close_abandoned_runs(paths, key, keep=run_id)
+        with work_timer():
+            result = train_adapter(capability, envs, base_dir, work_dir(paths, capability), chosen, seed=seed,
+                                   resume=True)
+        _log_curves(result)
+        registry.log_json({**result.config, "resumed_from": result.resumed_from,
+                           "abandoned_runs": abandoned}, "train/config.json")
+        folder = _publish(Path(result.adapter_path), adapter_dir(paths, capability))
+        mlflow.set_tag(TAG_ADAPTER_HASH, folder_hash(folder))
+        ref = register_once(paths, folder, capability, lineage, base_model)
+        mlflow.set_tag("traceops.registered_version", ref["version"])
+    return {
+        "capability": capability, "model_name": ref["name"], "model_version": ref["version"],
+        "mlflow_run": run_id, "adapter_path": str(folder), "adapter_hash": ref["adapter_hash"],
+        "val_success_before": result.val_before["success"], "val_success_after": result.val_after["success"],
+        "test_success_before": result.test_before["success"],
+        "test_success_after": result.test_after["success"],
+        "sft_steps": len(result.sft_losses), "grpo_steps": len(result.grpo_rewards),
+        "dropped_constant_groups": result.dropped_constant_groups, "resumed_from": result.resumed_from,
+        "seconds": round(result.timings.get("total", 0.0), 2),
+    }
+
+
+@task(name="train-generic", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
+      **CACHED)
+def train_generic_task(key: str, capabilities: list[str], home: str | None = None, budget: str = "small",
+                       base_model: str = "embedded", parent_run_id: str | None = None,
+                       seed: int = 0, budget_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train the generic LoRA (all capabilities' demonstrations, the adapters' total SFT budget) into
+    models/generic and log it as an MLflow run; it is an evaluation baseline, never registered."""
+    import mlflow
+
+    from traceops.train.generic import train_generic
+
+    settings = config.load(home)
+    paths = settings.paths
+    missing = [c for c in capabilities if not (paths.environments / c / "manifest.json").is_file()]
+    if missing:
+        raise ConfigError(f"train: no environments for {', '.join(missing)} under {paths.environments}; "
+                          "run `traceops synthesize` first")
+    base_dir, base_ref = registry.resolve_base_model(base_model)
+    chosen = resolve_budget(budget, budget_overrides)
+    params = {"capabilities": ",".join(capabilities), "base_model": base_ref, "seed": seed,
+              **budget_params(chosen)}
+    with stage_run(settings, "train", parent_run_id, params=params) as run:
+        mlflow.set_tags({TAG_ROLE: "generic", TAG_TRAIN_KEY: key})
+        close_abandoned_runs(paths, key, keep=run.info.run_id)
+        with work_timer():
+            # Not evaluated here: the evaluate stage scores it on every test split.
+            result = train_generic({c: paths.environments / c for c in capabilities}, base_dir,
+                                   paths.models / "checkpoints" / "_generic", chosen, seed=seed, resume=True,
+                                   evaluate=False)
+        for step, loss in enumerate(result.sft_losses, start=1):
+            mlflow.log_metric("sft_loss", loss, step=step)
+        mlflow.log_metrics({**{f"val_success_after.{c}": v["success"] for c, v in result.val_after.items()},
+                            **{f"seconds.{k}": v for k, v in result.timings.items()}})
+        mlflow.log_param("generic.sft_steps", result.config["budget"]["sft_steps"])
+        registry.log_json(result.config, "train/generic_config.json")
+        folder = _publish(Path(result.adapter_path), generic_dir(paths))
+        mlflow.set_tag(TAG_ADAPTER_HASH, folder_hash(folder))
+    return {"adapter_path": str(folder), "mlflow_run": run.info.run_id, "capabilities": list(capabilities),
+            "sft_steps": len(result.sft_losses),
+            "val_success_after": {c: v["success"] for c, v in result.val_after.items()},
+            "seconds": round(result.timings.get("total", 0.0), 2)}

@@ -1,0 +1,162 @@
+"""The train stage end to end: real Prefect runs of ``train_flow`` (budget tiny, random-init tiny Llama) over
+two synthesized capabilities in a temp home with a real MLflow store and DVC-versioned environments.
+
+Each flow run is a subprocess (Prefect reads its home at import; a kill must hit a real process): first
+run (MLflow curves, registered versions with lineage, generic LoRA), a rerun served from the cache, a
+changed environment that retrains only its capability, and a SIGKILL mid-training followed by a rerun
+that resumes from the checkpoint and registers exactly one version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from traceops.schema import Label, Message, Outcome, Source, ToolCall, ToolSpec, Trajectory
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPS = ["argument_grounding", "tool_call_format"]
+DRIVER = """
+import json, sys
+from flows.runtime import prepare
+prepare(sys.argv[1])
+from flows.train import train_flow
+print(json.dumps(train_flow(home=sys.argv[1], capabilities=json.loads(sys.argv[2]) or None,
+                            generic=sys.argv[3] == "1")))
+"""
+
+
+def log(index: int, capability: str) -> Trajectory:
+    """A failed retail trajectory labelled with ``capability`` (grounding for the synthesized tasks)."""
+    order = f"#W{2000000 + index:07d}"
+    spec = {"type": "object", "properties": {"order_id": {"type": "string"}, "reason": {"type": "string"}},
+            "required": ["order_id", "reason"]}
+    return Trajectory(
+        task_id=f"r{index}", domain="retail",
+        tools=[ToolSpec(name="cancel_pending_order", description="Cancel a pending order", parameters=spec)],
+        messages=[Message(role="user", content="Please cancel my order."),
+                  Message(role="assistant", tool_calls=[ToolCall(id="a", name="cancel_pending_order",
+                          arguments={"order_id": order, "reason": "ordered by mistake"})])],
+        outcome=Outcome(success=False), source=Source(format="openai", file="f.jsonl", record=index),
+        labels=[Label(source="rule", capability=capability)],
+    )
+
+
+def flow_process(home: Path, capabilities: list[str] | None = None, generic: bool = True) -> subprocess.Popen:
+    env = {**os.environ, "TRACEOPS_HOME": str(home), "PREFECT_HOME": str(home / ".prefect"),
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", DRIVER, str(home), json.dumps(capabilities or []),
+                             "1" if generic else "0"], env=env, cwd=str(ROOT), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def run_flow(home: Path, capabilities: list[str] | None = None, generic: bool = True) -> dict[str, Any]:
+    proc = flow_process(home, capabilities, generic)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def by_cap(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {row["capability"]: row for row in result["adapters"]}
+
+
+# Budget tiny, trimmed further: the stage's wiring is under test here (test_train.py covers GRPO itself).
+LEAN = {"sft_steps": 2, "save_steps": 2, "grpo_steps": 0, "eval_tasks": 2, "eval_max_new_tokens": 8}
+
+
+def write_params(home: Path, base: Path, overrides: dict[str, Any]) -> None:
+    train = {"budget": "tiny", "base_model": str(base), "seed": 0, "generic": True,
+             "budget_overrides": overrides}
+    (home / "params.yaml").write_text(yaml.safe_dump({"train": train}))
+
+
+@pytest.fixture()
+def train_home(home: Path, tiny_model_dir: Path) -> Path:
+    """A home with two synthesized, DVC-versioned capabilities and params selecting budget tiny."""
+    from flows.runtime import prepare
+    from traceops import versioning
+    from traceops.envs.synthesize import synthesize
+
+    settings = prepare(home)
+    write_params(home, tiny_model_dir, LEAN)
+    logs = [log(i, CAPS[i % 2]) for i in range(6)]
+    synthesize(CAPS, logs, settings.paths.environments, {"train_size": 6, "val_size": 3, "test_size": 3})
+    versioning.commit_data(home, "data/environments")
+    return home
+
+
+def test_train_flow_tracks_registers_caches_retrains_changed_and_resumes(train_home: Path,
+                                                                         tiny_model_dir: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from traceops import registry, versioning
+
+    home = train_home
+    client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+
+    first = run_flow(home)
+    rows = by_cap(first)
+    assert sorted(rows) == CAPS
+    env_version = versioning.data_version(home, "data/environments")
+    for cap, row in rows.items():
+        assert row["model_name"] == f"traceops.adapter.{cap}" and row["model_version"] == "1"
+        assert (Path(row["adapter_path"]) / "adapter_model.safetensors").is_file()
+        run = client.get_run(row["mlflow_run"])
+        assert run.data.params["budget.sft_steps"] == "2" and run.data.params["budget.name"] == "tiny"
+        losses = client.get_metric_history(row["mlflow_run"], "sft_loss")
+        assert [m.step for m in losses] == [1, 2] and all(m.value > 0 for m in losses)
+        for name in ("val_success_before", "val_success_after", "test_success_before", "test_success_after",
+                     "dropped_constant_groups", "seconds.sft"):
+            assert name in run.data.metrics
+        tags = client.get_model_version(row["model_name"], "1").tags
+        assert tags[registry.TAG_ENV_VERSION] == env_version
+        assert all(key in tags for key in registry.LINEAGE_KEYS)
+        assert tags["traceops.adapter_hash"] == row["adapter_hash"]
+    generic = first["generic"]
+    assert (Path(generic["adapter_path"]) / "adapter_config.json").is_file()
+    assert generic["sft_steps"] == 2 * len(CAPS)  # the adapters' total SFT budget
+    generic_run = client.get_run(generic["mlflow_run"])
+    assert generic_run.data.tags["traceops.role"] == "generic"
+    assert len(client.get_metric_history(generic["mlflow_run"], "sft_loss")) == 2 * len(CAPS)
+
+    # One capability's environments change: only that adapter retrains; the other is a cache hit.
+    split = home / "data" / "environments" / "tool_call_format" / "train.jsonl"
+    split.write_text("".join(split.read_text().splitlines(keepends=True)[:-1]))
+    changed = by_cap(run_flow(home, generic=False))
+    assert changed["argument_grounding"] == rows["argument_grounding"]
+    assert changed["tool_call_format"]["mlflow_run"] != rows["tool_call_format"]["mlflow_run"]
+    assert changed["tool_call_format"]["model_version"] == "2"
+
+    # Kill a training mid-way (after its first checkpoint), rerun: it resumes and registers once.
+    write_params(home, tiny_model_dir, {**LEAN, "sft_steps": 6})
+    work = home / "models" / "checkpoints" / "argument_grounding"
+    proc = flow_process(home, ["argument_grounding"], generic=False)
+    deadline = time.monotonic() + 400
+    # Step 4 exists only in this run (the first night's run stopped at step 2).
+    while not (work / "checkpoints" / "sft" / "checkpoint-4" / "trainer_state.json").is_file():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (work / "adapter").exists()  # killed before the adapter was finished
+    resumed = by_cap(run_flow(home, ["argument_grounding"], generic=False))["argument_grounding"]
+    assert resumed["resumed_from"]["sft"] >= 4 and resumed["sft_steps"] == 6
+    versions = client.search_model_versions("name = 'traceops.adapter.argument_grounding'")
+    assert sorted(int(v.version) for v in versions) == [1, 2]
+    experiment = client.get_experiment_by_name("traceops/train").experiment_id
+    runs = client.search_runs([experiment], "tags.`traceops.capability` = 'argument_grounding'")
+    # The first night's run, the killed attempt (closed as KILLED by the rerun) and the resumed run.
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED", "KILLED"]
