@@ -34,9 +34,33 @@ def prepare(home: str | Path | None = None) -> config.Settings:
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
     for noisy in ("mlflow", "alembic", "great_expectations", "dvc", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    ensure_repo(paths.home)
+    # Set up git + DVC only while holding the home's lock: two runs started together on a fresh home
+    # must not both `dvc init` (the loser crashed with InitError), and no run may rewrite DVC's config
+    # while another one works. A run that holds the lock has set the home up already.
+    try:
+        with FileLock(str(paths.lock)).acquire(timeout=0):
+            ensure_repo(paths.home)
+    except Timeout:
+        pass
     registry.configure(paths)
     return settings
+
+
+def end_stale_runs(settings: config.Settings) -> list[str]:
+    """Mark MLflow runs left RUNNING by a killed process as KILLED; returns their ids.
+
+    Only called under the home's lock: no other traceops process is live, so a RUNNING run is stale.
+    """
+    if not (settings.paths.mlflow / "mlflow.db").exists():
+        return []
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(settings.paths.mlflow_uri, settings.paths.mlflow_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    stale = client.search_runs(experiments, "attributes.status = 'RUNNING'") if experiments else []
+    for run in stale:
+        client.set_terminated(run.info.run_id, status="KILLED")
+    return [run.info.run_id for run in stale]
 
 
 @contextmanager
@@ -51,6 +75,7 @@ def home_lock(settings: config.Settings, wait_s: float = 0.0) -> Iterator[None]:
             "(or pass --wait SECONDS), then run again"
         ) from exc
     try:
+        end_stale_runs(settings)
         yield
     finally:
         lock.release()
