@@ -205,3 +205,37 @@ def test_file_batches_ingest_like_plain_items(tmp_path: Path) -> None:
                         result.new_ids, tables, quarantine, result.validation["checks"]))
     assert results[0][0]["read"] == 15 and results[0][0]["duplicates"] == 2
     assert results[0] == results[1]
+
+
+def test_a_small_remainder_of_the_last_file_joins_the_last_batch(tmp_path: Path) -> None:
+    """Batches of 4: a last file leaving one trajectory over is validated with the batch before it
+    (within the 25% slack); two over get a batch of their own. Counts are the same either way."""
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    batches = {}
+    for last_file in (5, 6):
+        raw = tmp_path / f"raw{last_file}"
+        raw.mkdir()
+        for name, count in (("part-0.jsonl", 4), ("part-1.jsonl", last_file)):
+            lines = [json.dumps({**good, "task_id": f"{name}-{j}"}) for j in range(count)]
+            (raw / name).write_text("\n".join(lines) + "\n")
+        home = tmp_path / f"home{last_file}"
+        home.mkdir()
+        result = ingest_paths([raw], config.load(home), run_id="run", batch_size=4, workers=1)
+        assert (result.read, result.accepted, result.quarantined) == (4 + last_file, 4 + last_file, 0)
+        batches[last_file] = result.validation["n_batches"]
+    assert batches == {5: 2, 6: 3}
+
+
+def test_reader_workers_never_import_pandas(tmp_path: Path) -> None:
+    """pyarrow probes for pandas (half a second) on its first conversion; reader workers skip it."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "part.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    code = ("import sys; from pathlib import Path; import traceops.formats.parallel as p; "
+            "p._skip_pandas_probe(); batch = p.read_file_batch(Path(sys.argv[1])); "
+            "assert len(batch.ids) == 1 and batch.batch.trajectories.num_rows == 1; "
+            "print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -84,6 +84,97 @@ def test_tools_change_the_prompt(tiny: LocalChatModel) -> None:
     assert with_tools.prompt_tokens > without.prompt_tokens
 
 
+def _retail_tools(count: int | None = None) -> list[dict]:
+    from traceops.domains import get_domain
+
+    return get_domain("retail").make_env().tool_specs()[:count]
+
+
+def _prefilled_tokens(model: LocalChatModel) -> list[int]:
+    """Records how many input positions each forward pass of ``model`` computes."""
+    seen: list[int] = []
+
+    def record(_module: object, _args: object, kwargs: dict) -> None:
+        seen.append(kwargs["input_ids"].numel())
+
+    model.model.register_forward_pre_hook(record, with_kwargs=True)
+    return seen
+
+
+SHARED = [
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+    [{"role": "system", "content": "Be brief."},
+     {"role": "user", "content": "Tell me a long story about a cat, a dog and an old lighthouse keeper."}],
+]
+
+
+def test_prefix_cache_gives_the_tokens_of_plain_generation(tiny_model_dir: Path) -> None:
+    import torch
+
+    torch.set_num_threads(2)
+    cached = LocalChatModel(tiny_model_dir, batch_size=3)
+    plain = LocalChatModel.from_objects(cached.model, cached.tokenizer, cached.info, batch_size=3)
+    assert cached.prefix_cache and not plain.prefix_cache
+    tools = _retail_tools(5)  # their JSON schemas: a prefix of ~600 tokens shared by every row
+    config = GenerationConfig(max_new_tokens=12)
+    expected = plain.complete(SHARED, tools, config)
+    prefilled = _prefilled_tokens(cached)
+    first = cached.complete(SHARED, tools, config)
+    assert first == expected and min(c.prompt_tokens for c in first) > 500
+    computed_first = sum(prefilled)
+    # A later turn starts with the same prefix: reused, and still the same tokens as without the cache.
+    turn = [conversation + [{"role": "assistant", "content": c.text}, {"role": "user", "content": "and?"}]
+            for conversation, c in zip(SHARED, first, strict=True)]
+    expected_turn = plain.complete(turn, tools, config)
+    prefilled.clear()
+    assert cached.complete(turn, tools, config) == expected_turn
+    assert sum(prefilled) < computed_first - 500
+    # One at a time (batch 1), and sampled under a seed: the same as without the cache.
+    single = LocalChatModel.from_objects(cached.model, cached.tokenizer, cached.info, batch_size=1,
+                                         prefix_cache=True)
+    assert single.complete(SHARED, tools, config) == first
+    sampled = GenerationConfig(max_new_tokens=8, temperature=1.0, seed=3)
+    assert cached.generate(SHARED, tools, sampled) == plain.generate(SHARED, tools, sampled)
+
+
+def test_prefix_cache_follows_weight_changes(tiny_model_dir: Path) -> None:
+    import torch
+
+    cached = LocalChatModel(tiny_model_dir, batch_size=3)
+    plain = LocalChatModel.from_objects(cached.model, cached.tokenizer, cached.info, batch_size=3)
+    tools = _retail_tools(3)
+    config = GenerationConfig(max_new_tokens=10)
+    before = cached.complete(SHARED, tools, config)
+    with torch.no_grad():  # an optimizer step on the attention, say: the prefix's keys/values change
+        for layer in cached.model.model.layers:
+            layer.self_attn.k_proj.weight.mul_(-3.0)
+            layer.self_attn.v_proj.weight.mul_(2.5)
+    after = plain.complete(SHARED, tools, config)
+    assert after != before  # the change matters, so a stale prefix cache would show
+    assert cached.complete(SHARED, tools, config) == after
+
+
+@pytest.mark.slow
+def test_prefix_cache_on_the_embedded_model(embedded_model_dir: Path) -> None:
+    import torch
+
+    torch.set_num_threads(2)
+    cached = load_model("embedded", batch_size=2)
+    assert isinstance(cached, LocalChatModel) and cached.prefix_cache
+    plain = LocalChatModel.from_objects(cached.model, cached.tokenizer, cached.info, batch_size=2)
+    tools = _retail_tools(3)
+    prompts = [[{"role": "system", "content": "You are a store's support agent."},
+                {"role": "user", "content": "What's the status of my order #W4016146?"}],
+               [{"role": "system", "content": "You are a store's support agent."},
+                {"role": "user", "content": "Please cancel order #W2378156, I ordered by mistake."}]]
+    config = GenerationConfig(max_new_tokens=16)
+    expected = plain.complete(prompts, tools, config)
+    assert cached.complete(prompts, tools, config) == expected  # prefix computed
+    assert cached.complete(prompts, tools, config) == expected  # prefix reused
+    assert all(c.text.strip() for c in expected)
+
+
 def test_load_model_folder(tiny_model_dir: Path) -> None:
     model = load_model(str(tiny_model_dir))
     assert isinstance(model, LocalChatModel) and model.info.model_id == str(tiny_model_dir)

@@ -3,8 +3,10 @@
 Items stream through in batches (params.yaml ``ingest.batch_size``, default 10,000 trajectories, and
 ``ingest.batch_steps``, default 200,000 messages, whichever fills first): each trajectory is
 flattened into column lists as it arrives, and each batch is validated and appended before the next
-is read, so memory holds one batch plus the set of known ids, never the whole input. Every item
-read is accounted for: ``read == accepted + duplicates + quarantined`` is asserted on every run.
+is read, so memory holds one batch plus the set of known ids, never the whole input (the last
+batch may run over the limits by a quarter, so that a small remainder of the input does not cost a
+validation of its own). Every item read is accounted for: ``read == accepted + duplicates +
+quarantined`` is asserted on every run.
 
 ``ingest_paths`` reads files in ``ingest.workers`` processes (default min(2, CPUs)); workers ship
 one ``FileBatch`` per file (its trajectories as Arrow tables), consumed in file order and item by
@@ -47,6 +49,8 @@ from traceops.validation import Failure, Limits, RunValidation, validate_batch
 # One GX validation costs about 0.25 s whatever the batch size: batches must be large to amortize it.
 DEFAULT_BATCH_SIZE = 10_000
 DEFAULT_BATCH_STEPS = 200_000
+# The final file's remainder joins a full batch when both stay within this share over the limits.
+TAIL_SLACK = 0.25
 
 
 @dataclass
@@ -119,6 +123,12 @@ class _Run:
     def full(self, size: int, max_steps: int) -> bool:
         return self.n_trajectories >= size or self.n_steps >= max_steps
 
+    def tail_fits(self, rows_left: int, steps_left: int, size: int, max_steps: int) -> bool:
+        """Whether the rest of the input (at most ``rows_left`` trajectories, ``steps_left`` messages)
+        fits in the pending batch within ``TAIL_SLACK`` over the limits."""
+        return (self.n_trajectories + rows_left <= size * (1 + TAIL_SLACK)
+                and self.n_steps + steps_left <= max_steps * (1 + TAIL_SLACK))
+
     def _move_builder(self) -> None:
         # Keeps arrival order when plain trajectories and file batches are mixed.
         if self.builder.n_trajectories:
@@ -126,8 +136,10 @@ class _Run:
             self.parts.append((built, list(range(built.trajectories.num_rows))))
 
     def add_file(self, item: FileBatch, size: int, max_steps: int) -> None:
-        """Count, dedupe and take the items of one file in read order, flushing full batches."""
+        """Count, dedupe and take the items of one file in read order, flushing full batches
+        (on the stream's last file, not when the file's remainder fits: see ``tail_fits``)."""
         n_steps = item.batch.n_steps.to_numpy(zero_copy_only=False).tolist()
+        steps_left = sum(n_steps) if item.last else 0
         row = 0
         for entry in item.order:
             self.result.read += 1
@@ -139,8 +151,11 @@ class _Run:
                 self.result.duplicates += 1
             else:
                 self.add_row(item.batch, row, n_steps[row], trajectory_id)
-                if self.full(size, max_steps):
+                if self.full(size, max_steps) and not (
+                        item.last and self.tail_fits(len(n_steps) - row - 1, steps_left - n_steps[row],
+                                                     size, max_steps)):
                     self.flush()
+            steps_left -= n_steps[row] if item.last else 0
             row += 1
 
     def flush(self) -> None:

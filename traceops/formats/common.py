@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from traceops.formats.base import OutcomeTable, Rejected
 from traceops.hashing import canonical_bytes, content_hash
-from traceops.schema import ROLES, Trajectory
+from traceops.schema import ROLES, ToolSpec, Trajectory
 
 BASH_TOOL: dict[str, Any] = {
     "name": "bash",
@@ -185,11 +185,11 @@ def trajectory_id(trajectory: Trajectory) -> str:
     Canonical JSON normalizes numbers; in a validated trajectory only the free-form parts
     (tool-call arguments, tool parameters, outcome, metadata) can hold floats, so only those go
     through ``hashing.canonical_bytes`` (embedded as pre-serialized fragments); the typed rest
-    (strings, ints, booleans, nulls) serializes the same without normalization.
+    (strings, ints, booleans, nulls) serializes the same without normalization. The tools, usually
+    the same list record after record, are canonicalized once per distinct list (``_tools_fragment``).
     """
-    data = trajectory.model_dump(mode="json", exclude={"id", "source"})
-    for tool in data["tools"]:
-        tool["parameters"] = _canonical(tool["parameters"])
+    data = trajectory.model_dump(mode="json", exclude={"id", "source", "tools"})
+    data["tools"] = _tools_fragment(trajectory.tools)
     for message in data["messages"]:
         calls = message["tool_calls"]
         if calls:
@@ -198,6 +198,29 @@ def trajectory_id(trajectory: Trajectory) -> str:
     data["outcome"] = _canonical(data["outcome"])
     data["metadata"] = _canonical(data["metadata"])
     return hashlib.sha256(orjson.dumps(data, option=_SORTED)).hexdigest()[:16]
+
+
+_TOOL_LIST = TypeAdapter(list[ToolSpec])
+_TOOLS_SEEN: dict[bytes, orjson.Fragment] = {}
+_TOOLS_SEEN_MAX = 256
+
+
+def _tools_fragment(tools: list[ToolSpec]) -> orjson.Fragment:
+    """The tools' part of the hashed JSON, memoized by their plain JSON (pydantic, in Rust).
+
+    Equal JSON text means equal data and therefore equal canonical bytes, so the memo is exact.
+    """
+    key = _TOOL_LIST.dump_json(tools)
+    fragment = _TOOLS_SEEN.get(key)
+    if fragment is None:
+        dumped = [tool.model_dump(mode="json") for tool in tools]
+        for tool in dumped:
+            tool["parameters"] = _canonical(tool["parameters"])
+        fragment = orjson.Fragment(orjson.dumps(dumped, option=_SORTED))
+        if len(_TOOLS_SEEN) >= _TOOLS_SEEN_MAX:  # bounded: a file may hold many distinct tool sets
+            _TOOLS_SEEN.clear()
+        _TOOLS_SEEN[key] = fragment
+    return fragment
 
 
 def reject(file: str, record: int | str, problem: RecordProblem, raw: Any, prefix: str = "") -> Rejected:

@@ -6,12 +6,19 @@ process does not rebuild columns) plus the file's item order with its rejections
 in ``iter_files`` order and results consumed in that order, so the items, and
 therefore counts, dedupe and quarantine, are identical to a serial read. At most ``2 * workers``
 files are in flight, which bounds memory to a few files' results.
+
+Start-up is kept off the critical path: this process reads the first file itself while the pool
+starts (the forkserver importing the readers takes most of a second), and workers skip pyarrow's
+probe for pandas (another half second each; readers never hand pyarrow a pandas object).
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import multiprocessing
 import os
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -30,11 +37,13 @@ FlatItem = FlatTrajectory | Rejected
 
 class FileBatch(NamedTuple):
     """Every item of one file: ``order`` lists them as read, a ``Rejected`` or None for the next
-    trajectory of ``batch`` (whose ids are ``ids``, in batch order)."""
+    trajectory of ``batch`` (whose ids are ``ids``, in batch order). ``last`` is set on the final
+    file of an ``iter_flat`` stream: nothing follows it."""
 
     order: list[Rejected | None]
     ids: list[str]
     batch: Batch
+    last: bool = False
 
 _WORKER: dict[str, Any] = {}
 _STATS = {"worker_cpu_s": 0.0}
@@ -70,7 +79,36 @@ def read_file_batch(path: Path, fmt: str = "auto", outcomes: OutcomeTable | None
     return FileBatch(order, ids, builder.build(arrow_calls=True))
 
 
+class _NoPandas(importlib.abc.MetaPathFinder):
+    """Makes ``import pandas`` fail while installed."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ImportError("pandas is not loaded in traceops reader workers")
+        return None
+
+
+def _skip_pandas_probe() -> None:
+    """Let pyarrow's one-time pandas probe fail fast in this process.
+
+    pyarrow imports pandas (0.5-0.8 s) on its first conversion only to ask whether the input is a
+    pandas object; readers hand it lists, so a worker records "no pandas" instead. Only for
+    reader workers: explicit pandas conversions would still import it on demand.
+    """
+    if "pandas" in sys.modules:
+        return
+    import pyarrow as pa
+
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)
+    try:
+        pa.array([0])
+    finally:
+        sys.meta_path.remove(finder)
+
+
 def _init_worker(fmt: str, outcomes: OutcomeTable | None) -> None:
+    _skip_pandas_probe()
     _WORKER["fmt"] = fmt
     _WORKER["outcomes"] = outcomes
 
@@ -101,8 +139,15 @@ def iter_flat(paths: Sequence[str | Path], fmt: str = "auto", outcomes: OutcomeT
         raise ConfigError(f"ingest: workers must be >= 1, got {workers} (params.yaml ingest.workers)")
     files = list(iter_files([paths] if isinstance(paths, (str, Path)) else paths))
     if workers == 1 or len(files) < 2:
-        return (read_file_batch(path, fmt, outcomes) for path in files)
-    return _pooled(files, fmt, outcomes, min(workers, len(files)))
+        batches: Iterator[FileBatch] = (read_file_batch(path, fmt, outcomes) for path in files)
+    else:
+        batches = _pooled(files, fmt, outcomes, min(workers, len(files)))
+    return _mark_last(batches, len(files))
+
+
+def _mark_last(batches: Iterator[FileBatch], count: int) -> Iterator[FileBatch]:
+    for index, batch in enumerate(batches):
+        yield batch._replace(last=True) if index == count - 1 else batch
 
 
 def _pooled(files: list[Path], fmt: str, outcomes: OutcomeTable | None, workers: int) -> Iterator[FileBatch]:
@@ -111,13 +156,27 @@ def _pooled(files: list[Path], fmt: str, outcomes: OutcomeTable | None, workers:
     context.set_forkserver_preload(["traceops.formats.parallel"])
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
                                initargs=(fmt, outcomes))
+    queue = iter(files[1:])
+    pending: deque[Future[tuple[FileBatch, float]]] = deque()
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        # submit() blocks until the forkserver has imported the readers and forked a worker.
+        try:
+            for path in queue:
+                pending.append(pool.submit(_read_in_worker, str(path)))
+                if len(pending) >= 2 * workers:
+                    break
+        except BaseException as error:  # re-raised in the consuming thread below
+            failed.append(error)
+
+    starter = threading.Thread(target=start, name="traceops-pool-start", daemon=True)
+    starter.start()
     try:
-        queue = iter(files)
-        pending: deque[Future[tuple[FileBatch, float]]] = deque()
-        for path in queue:
-            pending.append(pool.submit(_read_in_worker, str(path)))
-            if len(pending) >= 2 * workers:
-                break
+        yield read_file_batch(files[0], fmt, outcomes)  # read here while the pool starts
+        starter.join()
+        if failed:
+            raise failed[0]
         while pending:
             items, cpu = pending.popleft().result()
             _STATS["worker_cpu_s"] += cpu
@@ -126,4 +185,5 @@ def _pooled(files: list[Path], fmt: str, outcomes: OutcomeTable | None, workers:
                 pending.append(pool.submit(_read_in_worker, str(following)))
             yield items
     finally:
+        starter.join()
         pool.shutdown(wait=True, cancel_futures=True)
