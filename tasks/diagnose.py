@@ -9,7 +9,7 @@ from prefect import task
 
 from tasks.cache import CACHED
 from tasks.retry import retry_unless_user_error
-from tasks.tracking import stage_run
+from tasks.tracking import stage_run, work_timer
 from traceops import config, registry
 from traceops.diagnose.outputs import write_outputs
 from traceops.diagnose.run import DiagnoseParams, diagnose
@@ -44,14 +44,15 @@ def diagnose_task(key: str, home: str | None = None, labelers: tuple[str, ...] =
     params = DiagnoseParams.from_dict(stage_params, seed=seed)
     with stage_run(settings, "diagnose", parent_run_id, params={"labelers": ",".join(labelers), "seed": seed,
                                                                   "data_version": data_version}) as run:
-        trajectories = list(load_trajectories(settings.paths))
-        if not trajectories:
-            raise StageError(f"diagnose: the curated store under {settings.paths.curated} is empty; "
-                             "run `traceops ingest LOGS` first")
-        chat_model = load_model(llm_model) if llm_model else None
-        result = diagnose(trajectories, params, labelers=labelers, seed=seed, replay_fn=replay_fn,
-                          chat_model=chat_model)
-        files = write_outputs(result, settings.paths.diagnosis)
+        with work_timer():
+            trajectories = list(load_trajectories(settings.paths))
+            if not trajectories:
+                raise StageError(f"diagnose: the curated store under {settings.paths.curated} is empty; "
+                                 "run `traceops ingest LOGS` first")
+            chat_model = load_model(llm_model) if llm_model else None
+            result = diagnose(trajectories, params, labelers=labelers, seed=seed, replay_fn=replay_fn,
+                              chat_model=chat_model)
+            files = write_outputs(result, settings.paths.diagnosis)
         summary = result.summary(files["report"])
         mlflow.set_tag(registry.TAG_DATA_VERSION, data_version or "")
         mlflow.log_metrics({"trajectories": len(trajectories), "selected": len(summary["selected"])})

@@ -11,7 +11,7 @@ from prefect import task
 
 from tasks.cache import CACHED
 from tasks.retry import retry_unless_user_error
-from tasks.tracking import stage_run
+from tasks.tracking import stage_run, work_timer
 from traceops import config, registry, versioning
 from traceops.envs.calibration import agent_episodes
 from traceops.envs.synthesize import synthesize
@@ -68,14 +68,15 @@ def synthesize_task(key: str, capabilities: list[str], home: str | None = None,
     with stage_run(settings, "synthesize", parent_run_id,
                    params={"capabilities": ",".join(capabilities), "seed": seed,
                            "calibrate_model": calibrate_model}) as run:
-        trajectories = list(load_trajectories(paths))
-        episodes = None
-        if calibrate_model:
-            model = load_model(calibrate_model)
-            episodes = lambda family: agent_episodes(model, family)  # noqa: E731 - one-line factory
-        fresh = paths.data / ".environments.new"
-        shutil.rmtree(fresh, ignore_errors=True)
-        result = synthesize(capabilities, trajectories, fresh, params, seed=seed, episodes=episodes)
+        with work_timer():
+            trajectories = list(load_trajectories(paths))
+            episodes = None
+            if calibrate_model:
+                model = load_model(calibrate_model)
+                episodes = lambda family: agent_episodes(model, family)  # noqa: E731 - one-line factory
+            fresh = paths.data / ".environments.new"
+            shutil.rmtree(fresh, ignore_errors=True)
+            result = synthesize(capabilities, trajectories, fresh, params, seed=seed, episodes=episodes)
         _swap_in(fresh, paths.environments)
         env_version = versioning.commit_data(paths.home, ENVIRONMENTS)
         mlflow.set_tag(registry.TAG_ENV_VERSION, env_version)

@@ -29,3 +29,16 @@ def stage_run(settings: config.Settings, stage: str, parent_run_id: str | None =
             yield run
         finally:
             mlflow.log_metric("stage_seconds", time.perf_counter() - started)
+
+
+@contextmanager
+def work_timer(name: str = "work_seconds") -> Iterator[None]:
+    """Time the stage's own computation (the library call, without Prefect, MLflow or DVC) and log it as a
+    metric of the active run; benchmarks/nightly.py sums these to measure orchestration overhead."""
+    import mlflow
+
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        mlflow.log_metric(name, time.perf_counter() - started)

@@ -121,6 +121,8 @@ def _log_curves(result: Any) -> None:
     for split in ("val", "test"):
         for when in ("before", "after"):
             scores = getattr(result, f"{split}_{when}")
+            if not scores:  # a split the budget does not score
+                continue
             metrics[f"{split}_success_{when}"] = scores["success"]
             metrics[f"{split}_mean_reward_{when}"] = scores["mean_reward"]
     metrics.update({f"seconds.{phase}": secs for phase, secs in result.timings.items()})
@@ -192,9 +194,10 @@ def train_task(key: str, capability: str, home: str | None = None, budget: str =
     return {
         "capability": capability, "model_name": ref["name"], "model_version": ref["version"],
         "mlflow_run": run_id, "adapter_path": str(folder), "adapter_hash": ref["adapter_hash"],
-        "val_success_before": result.val_before["success"], "val_success_after": result.val_after["success"],
-        "test_success_before": result.test_before["success"],
-        "test_success_after": result.test_after["success"],
+        "val_success_before": result.val_before.get("success"),
+        "val_success_after": result.val_after.get("success"),
+        "test_success_before": result.test_before.get("success"),
+        "test_success_after": result.test_after.get("success"),
         "sft_steps": len(result.sft_losses), "grpo_steps": len(result.grpo_rewards),
         "dropped_constant_groups": result.dropped_constant_groups, "resumed_from": result.resumed_from,
         "seconds": round(result.timings.get("total", 0.0), 2),

@@ -169,6 +169,115 @@ def synthesize(
           "skipped": result["skipped"]}, as_json, "synthesize")
 
 
+def _stage_flow(home: Path | None, flow_module: str, flow_name: str, **kwargs: Any) -> dict[str, Any]:
+    """Prepare the home, take its lock and run one stage flow in process."""
+    import importlib
+
+    from flows import runtime
+
+    settings = runtime.prepare(home)
+    stage_flow = getattr(importlib.import_module(flow_module), flow_name)
+    with runtime.home_lock(settings):
+        return stage_flow(home=str(settings.paths.home), **kwargs)
+
+
+@app.command()
+def train(
+    capability: list[str] | None = typer.Option(None, "--capability", help="Only these capabilities."),
+    all_: bool = typer.Option(False, "--all", help="Every capability in data/environments (the default)."),
+    budget: str | None = typer.Option(None, "--budget", help="tiny | small | full (default: params.yaml)."),
+    base_model: str | None = typer.Option(None, "--base-model", help="embedded or a local model folder."),
+    home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Train one LoRA adapter per capability (SFT warm-start, then GRPO) and register each in MLflow."""
+    try:
+        if capability and all_:
+            raise ConfigError("pass either --capability (repeatable) or --all, not both")
+        result = _stage_flow(home, "flows.train", "train_flow", capabilities=capability or None,
+                             budget=budget, base_model=base_model)
+    except TraceopsError as exc:
+        fail(exc, as_json)
+        return
+    keys = ("capability", "model_version", "val_success_before", "val_success_after")
+    emit({"adapters": [{k: a.get(k) for k in keys} for a in result["adapters"]]}, as_json, "train")
+
+
+@app.command()
+def route(
+    top_k: int | None = typer.Option(None, "--top-k", help="Experts per token (default: params.yaml)."),
+    mode: str | None = typer.Option(None, "--mode", help="token | request (default: params.yaml)."),
+    home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Stack the registered adapters into a token-routed MoE-LoRA, fit its router, register the composite."""
+    try:
+        if mode is not None and mode not in ("token", "request"):
+            raise ConfigError(f"--mode must be token or request, got '{mode}'")
+        if top_k is not None and top_k < 1:
+            raise ConfigError(f"--top-k must be at least 1, got {top_k}")
+        result = _stage_flow(home, "flows.route", "route_flow", top_k=top_k, mode=mode)
+    except TraceopsError as exc:
+        fail(exc, as_json)
+        return
+    emit({k: result.get(k) for k in ("router", "composite", "parent_versions", "routing")}, as_json, "route")
+
+
+@app.command()
+def evaluate(
+    home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Evaluate base, adapters, generic LoRA, composite and champion on the held-out splits and replays."""
+    try:
+        result = _stage_flow(home, "flows.evaluate", "evaluate_flow")
+    except TraceopsError as exc:
+        fail(exc, as_json)
+        return
+    emit({k: result.get(k) for k in ("models", "report_path")}, as_json, "evaluate")
+
+
+@app.command()
+def promote(
+    home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Apply the promotion gates to the last evaluation: alias `champion` if they pass, else `challenger`."""
+    try:
+        result = _stage_flow(home, "flows.promote", "promote_flow")
+    except TraceopsError as exc:
+        fail(exc, as_json)
+        return
+    emit({k: result.get(k) for k in ("promoted", "alias", "champion", "reasons")}, as_json, "promote")
+
+
+@app.command()
+def lineage(
+    model_uri: str = typer.Argument("traceops.composite@champion",
+                                    help="name@alias or name/version of a registered model."),
+    home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Audit a registered model: every run, data version, environment version and raw file behind it."""
+    from flows import runtime
+
+    try:
+        settings = runtime.prepare(home)
+        from traceops.lineage import lineage as build_lineage
+        from traceops.lineage import render_tree
+
+        tree = build_lineage(settings.paths, model_uri)
+    except TraceopsError as exc:
+        fail(exc, as_json)
+        return
+    if as_json:
+        emit(tree, True)
+    else:
+        Console().print(render_tree(tree), markup=False, highlight=False)
+    if not tree.get("ok", False):
+        raise typer.Exit(code=1)
+
+
 @app.command()
 def run(
     logs: list[Path] | None = typer.Option(None, "--logs", help="Log folders or files (default: data/raw)."),
@@ -179,7 +288,7 @@ def run(
     home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
-    """Run the nightly flow once, in process: ingest, diagnose, synthesize."""
+    """Run the nightly flow once, in process: ingest through promote."""
     from flows import runtime
 
     try:
@@ -196,21 +305,19 @@ def run(
     except TraceopsError as exc:
         fail(exc, as_json)
         return
-    if not as_json:
-        from rich.markdown import Markdown
+    from flows.nightly import json_summary, night_summary_markdown
 
-        from flows.nightly import night_summary_markdown
-
-        Console().print(Markdown(night_summary_markdown(result)))
-        Console().print(f"Report: {result['diagnose']['report']}\n"
-                        f"MLflow UI: mlflow ui --backend-store-uri {settings.paths.mlflow_uri}\n"
-                        f"Prefect UI: PREFECT_HOME={settings.paths.prefect_home} prefect server start")
+    if as_json:
+        emit(json_summary(result), True)
         return
-    emit({"seconds": result["seconds"], "data_version": result["ingest"]["data_version"],
-          "selected": [r["capability"] for r in result["diagnose"]["selected"]],
-          "environments": result["synthesize"]["environments"],
-          "env_version": result["synthesize"]["env_version"], "report": result["diagnose"]["report"],
-          "mlflow_run": result["mlflow_run"]}, True)
+    from rich.markdown import Markdown
+
+    Console().print(Markdown(night_summary_markdown(result)))
+    report = (result.get("evaluate") or {}).get("report_path") or (result.get("diagnose") or {}).get("report")
+    Console().print(f"Report: {report}\n"
+                    f"MLflow UI: mlflow ui --backend-store-uri {settings.paths.mlflow_uri}\n"
+                    f"Prefect UI: PREFECT_HOME={settings.paths.prefect_home} prefect server start\n"
+                    "Lineage: traceops lineage traceops.composite@champion")
 
 
 @app.command()

@@ -131,7 +131,9 @@ def load_base_model(base_model_dir: str | Path, batch_size: int = 8) -> TrainedC
     info = ModelInfo(model_id=model_id, weights_hash=weights,
                      extra={"backend": "local", "kind": "base", "base_model_dir": str(base_dir),
                             "chat_template": "trl/qwen2_5"})
-    return TrainedChatModel.from_objects(model, _tokenizer(base_dir, None), info, batch_size)
+    # Plain weights: the shared system + tools prefix is computed once and reused (exact, see LocalChatModel).
+    return TrainedChatModel.from_objects(model, _tokenizer(base_dir, None), info, batch_size,
+                                         prefix_cache=True)
 
 
 def load_adapter_model(base_model_dir: str | Path, adapter_dir: str | Path, batch_size: int = 8,
@@ -163,7 +165,8 @@ def load_adapter_model(base_model_dir: str | Path, adapter_dir: str | Path, batc
         extra={"backend": "local", "kind": "adapter", "base_model_dir": str(base_dir),
                "adapter_dir": str(folder), "adapter_sha256": adapter_hash, "merged": merge},
     )
-    return TrainedChatModel.from_objects(model, _tokenizer(base_dir, folder), info, batch_size)
+    return TrainedChatModel.from_objects(model, _tokenizer(base_dir, folder), info, batch_size,
+                                         prefix_cache=merge)  # merged: plain weights again
 
 
 def load_composite_model(base_model_dir: str | Path, composite_dir: str | Path,

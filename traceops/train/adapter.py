@@ -124,12 +124,13 @@ def _load_base(base_model_dir: Path, budget: Budget) -> Any:
 
 
 def _evaluate_splits(model: Any, tokenizer: Any, env_set: EnvironmentSet, budget: Budget,
-                     multi_turn: bool, splits: tuple[str, ...] = ("val", "test")) -> dict[str, Any]:
-    """Val and test success; single-turn families are judged on one assistant turn, as GRPO rewards them."""
+                     multi_turn: bool) -> dict[str, Any]:
+    """Success on the budget's ``eval_splits`` (an unscored split maps to an empty dict); single-turn
+    families are judged on one assistant turn, as GRPO rewards them."""
     from traceops.train.rollouts import evaluate
 
-    results = {}
-    for split in splits:
+    results: dict[str, Any] = {"val": {}, "test": {}}
+    for split in budget.eval_splits:
         turns = episode_turns(env_set, split, budget) if multi_turn else 1
         results[split] = evaluate(model, tokenizer, env_set, split, budget.eval_tasks, turns,
                                   budget.eval_max_new_tokens).as_dict()

@@ -55,6 +55,9 @@ class Budget:
     gradient_checkpointing: bool = False
     temperature: float = 1.0
     eval_max_turns: int | None = None  # assistant turns per evaluation episode (None: max_turns)
+    # Splits scored before and after training. The CPU budget scores val only: the nightly's evaluate
+    # stage scores every model on the test splits anyway, and each split costs minutes of generation.
+    eval_splits: tuple[str, ...] = ("val", "test")
 
     @property
     def episode_turns(self) -> int:
@@ -79,8 +82,8 @@ BUDGETS: dict[str, Budget] = {
     "small": Budget(
         name="small", sft_steps=16, sft_batch_size=2, sft_max_length=1792, sft_lr=1e-3,
         grpo_steps=2, grpo_prompts_per_step=1, num_generations=4, max_completion_length=96, grpo_lr=1e-5,
-        max_turns=3, eval_tasks=12, eval_max_new_tokens=100, save_steps=4, eval_max_turns=9,
-        gradient_checkpointing=True,
+        max_turns=3, eval_tasks=4, eval_max_new_tokens=100, save_steps=4, eval_max_turns=9,
+        gradient_checkpointing=True, eval_splits=("val",),
     ),
     "full": Budget(
         name="full", sft_steps=400, sft_batch_size=16, sft_max_length=2048, sft_lr=2e-4,

@@ -1,0 +1,95 @@
+"""Benchmark: a full night and a no-change rerun of `traceops run`, and the orchestration overhead share.
+
+Runs the real CLI twice in a fresh temporary home with the project's params.yaml over the bundled sample
+logs (what `make run` does). The baseline is the stages' own computation in the same run: every stage
+task logs ``work_seconds`` (the library call alone) to its MLflow run; the overhead share is
+``1 - sum(work_seconds) / wall`` of the first night, where wall is the whole process (imports, Prefect's
+local server, MLflow, DVC, caching). Target: overhead <= 10% of the full run; rerun <= 60 s.
+Prints a table, then one JSON object as its last line.
+
+    .venv/bin/python benchmarks/nightly.py [--logs data/raw] [--budget small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_night(home: Path, logs: Path) -> tuple[float, dict]:
+    """One `traceops run --json` in ``home``; returns its wall seconds and its JSON line."""
+    env = {**os.environ, "TRACEOPS_HOME": str(home), "PREFECT_HOME": str(home / ".prefect")}
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "traceops", "run", "--logs", str(logs), "--json"],
+                         cwd=home, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - started
+    if out.returncode != 0:
+        sys.stderr.write(out.stdout[-4000:] + out.stderr[-4000:])
+        raise SystemExit(f"traceops run failed with exit code {out.returncode}")
+    return wall, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def work_seconds(home: Path, parent_run: str) -> dict[str, float]:
+    """``work_seconds`` of every stage run nested under the night's parent run, by stage."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"
+    client = MlflowClient(uri, uri)
+    ids = [e.experiment_id for e in client.search_experiments()]
+    totals: dict[str, float] = {}
+    pending = [parent_run]
+    while pending:  # stage runs may nest (train runs under the train flow's run)
+        parent = pending.pop()
+        for run in client.search_runs(ids, f"tags.mlflow.parentRunId = '{parent}'"):
+            pending.append(run.info.run_id)
+            if "work_seconds" in run.data.metrics:
+                stage = run.data.tags.get("traceops.stage", run.info.run_name)
+                totals[stage] = totals.get(stage, 0.0) + run.data.metrics["work_seconds"]
+    return totals
+
+
+def main() -> None:
+    """Run both nights and print the table and the JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--logs", type=Path, default=ROOT / "data" / "raw")
+    parser.add_argument("--budget", default=None, help="override params.yaml train.budget (e.g. tiny)")
+    args = parser.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="traceops-bench-nightly-"))
+    try:
+        params = (ROOT / "params.yaml").read_text()
+        if args.budget:
+            params = params.replace("budget: small", f"budget: {args.budget}")
+        (home / "params.yaml").write_text(params)
+        first_wall, first = run_night(home, args.logs.resolve())
+        second_wall, second = run_night(home, args.logs.resolve())
+        work = work_seconds(home, first["mlflow_run"])
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    total_work = sum(work.values())
+    overhead = 1.0 - total_work / first_wall
+    print(f"{'':28}{'seconds':>10}")
+    print(f"{'full night (wall)':28}{first_wall:10.1f}")
+    for stage, secs in first["seconds"].items():
+        print(f"  stage {stage:20}{secs:10.1f}   work {work.get(stage, 0.0):7.1f}")
+    print(f"{'no-change rerun (wall)':28}{second_wall:10.1f}")
+    print(f"{'stage work (sum)':28}{total_work:10.1f}")
+    print(f"orchestration overhead share: {overhead:.1%} (target <= 10%)")
+    print(json.dumps({"full_run_s": round(first_wall, 1), "rerun_s": round(second_wall, 1),
+                      "work_s": round(total_work, 1), "overhead_share": round(overhead, 4),
+                      "stage_seconds": first["seconds"], "work_seconds": work,
+                      "promoted": first["promoted"],
+                      "rerun_same_champion": second["champion"] == first["champion"]}))
+
+
+if __name__ == "__main__":
+    main()
