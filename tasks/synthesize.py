@@ -17,6 +17,7 @@ from traceops.envs.calibration import agent_episodes
 from traceops.envs.synthesize import synthesize
 from traceops.errors import StageError
 from traceops.model import load_model
+from traceops.model.openai_compat import public_url
 from traceops.store import load_trajectories
 
 ENVIRONMENTS = "data/environments"
@@ -65,9 +66,11 @@ def synthesize_task(key: str, capabilities: list[str], home: str | None = None,
     params = {**settings.stage("synthesize"), **(overrides or {})}
     seed = int(params.pop("seed", 0))
     paths = settings.paths
+    # A model URL may carry credentials (user:key@host): log it without them.
+    shown_model = public_url(calibrate_model) if calibrate_model else None
     with stage_run(settings, "synthesize", parent_run_id,
                    params={"capabilities": ",".join(capabilities), "seed": seed,
-                           "calibrate_model": calibrate_model}) as run:
+                           "calibrate_model": shown_model}) as run:
         with work_timer():
             trajectories = list(load_trajectories(paths))
             episodes = None
