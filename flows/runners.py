@@ -77,4 +77,26 @@ def task_runner(settings: config.Settings) -> Any:
     # The local cluster's dashboard is a web server nobody asked for; a remote cluster keeps its own.
     init = {"include_dashboard": False, **dict(params.ray_init)} if params.ray_address is None \
         else dict(params.ray_init)
+    init["runtime_env"] = _with_worker_env(dict(init.get("runtime_env") or {}))
     return RayTaskRunner(address=params.ray_address, init_kwargs=init)
+
+
+def _with_worker_env(runtime_env: dict[str, Any]) -> dict[str, Any]:
+    """Ray's runtime_env plus this process's Prefect and traceops settings, so that every Ray worker
+    talks to the same Prefect home / API and the same traceops home; a worker that must start an
+    ephemeral Prefect server on a busy machine gets the same generous start-up timeout as the flow."""
+    import os
+
+    inherited = {k: v for k, v in os.environ.items() if k.startswith(("PREFECT_", "TRACEOPS_"))}
+    inherited.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    if "PREFECT_API_URL" not in inherited:
+        # In-process runs use Prefect's ephemeral API server. Point the workers at the one this process
+        # already runs rather than letting each start its own on the same database (slow, and on a busy
+        # machine it times out). Prefect keeps it as the port-less instance of SubprocessASGIServer.
+        from prefect.server.api.server import SubprocessASGIServer
+
+        server = SubprocessASGIServer._instances.get(None)
+        if server is not None and server.running:
+            inherited["PREFECT_API_URL"] = server.api_url
+    env_vars = {**inherited, **dict(runtime_env.get("env_vars") or {})}  # the user's values win
+    return {**runtime_env, "env_vars": env_vars}
