@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from random_adapters import random_adapter
 
 from traceops.agent import run_episodes
 from traceops.envs.synthesize import synthesize
@@ -22,30 +23,11 @@ from traceops.model.adapted import (
 )
 from traceops.model.base import GenerationConfig
 from traceops.model.toolcalls import render_prompt
-from traceops.train.checkpoint import save_adapter
 from traceops.train.config import DEFAULT_SYSTEM_PROMPT, load_tokenizer
 from traceops.train.data import demonstration, grpo_rows, load_environment_set
 from traceops.train.sft import assistant_mask
 
 CAPABILITIES = ["tool_call_format", "argument_grounding", "policy_adherence", "error_recovery"]
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def random_adapter(base_dir: Path, folder: Path, seed: int, rank: int = 4) -> Path:
-    """A PEFT LoRA with random (non-zero) weights, saved the way training saves one (with the
-    tokenizer and its chat template)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(base_dir))
-    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS,
-                                                  lora_dropout=0.0, task_type="CAUSAL_LM"))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return save_adapter(peft_model, load_tokenizer(str(base_dir)), folder)
 
 
 @pytest.fixture(scope="module")

@@ -11,32 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from random_adapters import random_adapter
 
 from traceops import config, registry
 from traceops.errors import ConfigError
 
 CAPS = ["argument_grounding", "tool_call_format"]
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ROUTE = {"steps": 4, "batch_size": 4, "max_length": 96, "train_examples": 5, "val_examples": 2,
          "learning_rate": 5e-2}
-
-
-def random_adapter(base_dir: Path, folder: Path, seed: int) -> Path:
-    """A PEFT LoRA with random weights, saved as training saves it (tokenizer + chat template)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from traceops.train.checkpoint import save_adapter
-    from traceops.train.config import load_tokenizer
-
-    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(base_dir)),
-                                LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, task_type="CAUSAL_LM"))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return save_adapter(peft_model, load_tokenizer(str(base_dir)), folder)
 
 
 @pytest.fixture()

@@ -153,6 +153,26 @@ def _run_phase(trainer: Any, out_dir: Path, phase: str, resume: bool) -> int | N
     return ckpt.checkpoint_step(checkpoint)
 
 
+def prepare_training(base_model_dir: str | Path, out_dir: str | Path, budget: Budget,
+                     settings: AdapterSettings, seed: int) -> tuple[Path, Path, Any]:
+    """Checks and set-up every training run shares: the base can be targeted and the budget fits this
+    machine (raises before anything trains), the output folder exists, threads and seeds are set.
+    Returns the base folder, the output folder and the training tokenizer."""
+    import torch
+    from transformers import set_seed
+
+    base_dir = Path(base_model_dir)
+    sizes = inspect_base(base_dir, settings)
+    check_fits(budget, sizes["n_params"], sizes["trainable"], sizes["hidden"], sizes["layers"],
+               sizes["heads"], sizes["vocab"])
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if budget.device == "cpu":
+        torch.set_num_threads(min(torch.get_num_threads(), 2))
+    set_seed(seed)
+    return base_dir, out, load_tokenizer(str(base_dir))
+
+
 def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | Path, out_dir: str | Path,
                   budget: str | Budget = "small", seed: int = 0, resume: bool = True,
                   on_log: LogCallback | None = None, settings: AdapterSettings | None = None) -> TrainResult:
@@ -164,23 +184,12 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
     training: a missing environments folder, an unknown base, untargetable modules, a budget that
     does not fit this machine.
     """
-    import torch
-    from transformers import set_seed
 
     started = time.perf_counter()
     settings = settings or AdapterSettings()
     chosen = get_budget(budget)
     env_set = load_environment_set(envs_dir, capability)
-    base_dir = Path(base_model_dir)
-    sizes = inspect_base(base_dir, settings)
-    check_fits(chosen, sizes["n_params"], sizes["trainable"], sizes["hidden"], sizes["layers"],
-               sizes["heads"], sizes["vocab"])
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if chosen.device == "cpu":
-        torch.set_num_threads(min(torch.get_num_threads(), 2))
-    set_seed(seed)
-    tokenizer = load_tokenizer(str(base_dir))
+    base_dir, out, tokenizer = prepare_training(base_model_dir, out_dir, chosen, settings, seed)
     multi_turn = is_multi_turn(env_set)
     config = {
         "capability": capability, "budget": chosen.as_dict(), "adapter": settings.as_dict(), "seed": seed,

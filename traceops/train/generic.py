@@ -23,9 +23,9 @@ from typing import Any
 from traceops.errors import ConfigError
 from traceops.hashing import content_hash
 from traceops.train import checkpoint as ckpt
-from traceops.train.adapter import LogCallback, _evaluate_splits, _load_base, _log_callback, inspect_base
-from traceops.train.budgets import Budget, check_fits, get_budget
-from traceops.train.config import AdapterSettings, load_tokenizer
+from traceops.train.adapter import LogCallback, _evaluate_splits, _load_base, _log_callback, prepare_training
+from traceops.train.budgets import Budget, get_budget
+from traceops.train.config import AdapterSettings
 from traceops.train.data import EnvironmentSet, is_multi_turn, load_environment_set, sft_rows
 
 
@@ -70,8 +70,6 @@ def train_generic(envs_dirs: dict[str, str | Path], base_model_dir: str | Path, 
     Bad input (no capabilities, a missing folder, an unknown base, a budget that does not fit) raises
     before training starts.
     """
-    import torch
-    from transformers import set_seed
 
     started = time.perf_counter()
     if not envs_dirs:
@@ -81,16 +79,7 @@ def train_generic(envs_dirs: dict[str, str | Path], base_model_dir: str | Path, 
     per_adapter = get_budget(budget)
     chosen = generic_budget(per_adapter, len(envs_dirs))
     env_sets = [load_environment_set(folder, capability) for capability, folder in sorted(envs_dirs.items())]
-    base_dir = Path(base_model_dir)
-    sizes = inspect_base(base_dir, settings)
-    check_fits(chosen, sizes["n_params"], sizes["trainable"], sizes["hidden"], sizes["layers"],
-               sizes["heads"], sizes["vocab"])
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if chosen.device == "cpu":
-        torch.set_num_threads(min(torch.get_num_threads(), 2))
-    set_seed(seed)
-    tokenizer = load_tokenizer(str(base_dir))
+    base_dir, out, tokenizer = prepare_training(base_model_dir, out_dir, chosen, settings, seed)
     config = {
         "capabilities": [s.capability for s in env_sets], "budget": chosen.as_dict(),
         "per_adapter_budget": per_adapter.name, "adapter": settings.as_dict(), "seed": seed,
