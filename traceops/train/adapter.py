@@ -146,8 +146,12 @@ def episode_turns(env_set: EnvironmentSet, split: str, budget: Budget) -> int:
     return max(1, min(budget.episode_turns, needed + 1))
 
 
-def _run_phase(trainer: Any, out_dir: Path, phase: str, resume: bool) -> int | None:
+def run_phase(trainer: Any, out_dir: Path, phase: str, resume: bool) -> int | None:
     """Train, resuming from the phase's last checkpoint when asked; return the step resumed from."""
+    from transformers.trainer_callback import PrinterCallback
+
+    # Log lines go to MLflow through on_log; transformers' printer would dump each dict on stdout too.
+    trainer.remove_callback(PrinterCallback)
     checkpoint = ckpt.last_checkpoint(ckpt.phase_dir(out_dir, phase)) if resume else None
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     return ckpt.checkpoint_step(checkpoint)
@@ -224,7 +228,7 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
         tick = time.perf_counter()
         trainer = build_sft_trainer(model, tokenizer, sft_rows(env_set), chosen, ckpt.phase_dir(out, "sft"),
                                     seed, settings, callbacks=[_log_callback("sft", on_log)])
-        resumed["sft"] = _run_phase(trainer, out, "sft", resume)
+        resumed["sft"] = run_phase(trainer, out, "sft", resume)
         logs["sft"] = trainer.state.log_history
         ckpt.save_adapter(trainer.model, tokenizer, sft_dir)
         ckpt.write_json(out / "train_logs.json", logs)
@@ -245,7 +249,7 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
             trainer = build_grpo_trainer(peft_model, tokenizer, env_set, rows, chosen,
                                          ckpt.phase_dir(out, "grpo"), seed, multi_turn,
                                          callbacks=[_log_callback("grpo", on_log)])
-            resumed["grpo"] = _run_phase(trainer, out, "grpo", resume)
+            resumed["grpo"] = run_phase(trainer, out, "grpo", resume)
             logs["grpo"] = trainer.state.log_history
             peft_model = trainer.model
             del trainer

@@ -23,7 +23,14 @@ from typing import Any
 from traceops.errors import ConfigError
 from traceops.hashing import content_hash
 from traceops.train import checkpoint as ckpt
-from traceops.train.adapter import LogCallback, _evaluate_splits, _load_base, _log_callback, prepare_training
+from traceops.train.adapter import (
+    LogCallback,
+    _evaluate_splits,
+    _load_base,
+    _log_callback,
+    prepare_training,
+    run_phase,
+)
 from traceops.train.budgets import Budget, get_budget
 from traceops.train.config import AdapterSettings
 from traceops.train.data import EnvironmentSet, is_multi_turn, load_environment_set, sft_rows
@@ -111,9 +118,7 @@ def train_generic(envs_dirs: dict[str, str | Path], base_model_dir: str | Path, 
         trainer = build_sft_trainer(model, tokenizer, union_rows(env_sets, seed), chosen,
                                     ckpt.phase_dir(out, "sft"), seed, settings,
                                     callbacks=[_log_callback("sft", on_log)])
-        checkpoint = ckpt.last_checkpoint(ckpt.phase_dir(out, "sft")) if resume else None
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-        resumed = ckpt.checkpoint_step(checkpoint)
+        resumed = run_phase(trainer, out, "sft", resume)
         logs["sft"] = trainer.state.log_history
         ckpt.save_adapter(trainer.model, tokenizer, final_dir)
         ckpt.write_json(out / "train_logs.json", logs)
