@@ -12,6 +12,7 @@ from typing import Any
 
 import mlflow
 import pytest
+from random_adapters import random_adapter
 
 from tasks.ingest import ingest_task
 from tasks.tracking import stage_run
@@ -22,21 +23,6 @@ from traceops.moe.io import save_moe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "formats" / "openai"
 CAPABILITIES = ("state_tracking", "tool_selection")
-
-
-def _adapter(base_dir: Path, out: Path, seed: int) -> Path:
-    """A real PEFT LoRA saved from the tiny base model (non-zero B)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(base_dir))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                init_lora_weights=False))
-    peft.save_pretrained(str(out))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +57,7 @@ def night(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     tags = registry.current_lineage(paths, str(tiny_model_dir))
     adapters, parents = {}, {}
     for seed, cap in enumerate(CAPABILITIES, start=1):
-        adapters[cap] = _adapter(tiny_model_dir, root / cap, seed)
+        adapters[cap] = random_adapter(tiny_model_dir, root / cap, seed)
         with stage_run(settings, "train"):
             ref = registry.register_adapter(adapters[cap], cap, tags)
         parents[ref.name] = ref.version

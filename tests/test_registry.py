@@ -10,27 +10,13 @@ from typing import Any
 import mlflow
 import pandas as pd
 import pytest
+from random_adapters import random_adapter
 
 from tasks.tracking import stage_run
 from traceops import config, registry
 from traceops.errors import ConfigError, InputError
 from traceops.hashing import folder_hash
 from traceops.model.base import GenerationConfig
-
-
-def make_adapter(base_dir: Path, out: Path, seed: int) -> Path:
-    """A real PEFT LoRA (q, v; non-zero B so it changes the outputs) saved from the tiny base model."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(base_dir))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                init_lora_weights=False))
-    peft.save_pretrained(str(out))
-    return out
 
 
 def make_composite(base_dir: Path, adapters: dict[str, Path], out: Path) -> Path:
@@ -50,7 +36,7 @@ def setup(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     root = tmp_path_factory.mktemp("registry")
     home = root / "home"
     home.mkdir()
-    adapters = {cap: make_adapter(tiny_model_dir, root / cap, seed)
+    adapters = {cap: random_adapter(tiny_model_dir, root / cap, seed)
                 for seed, cap in enumerate(["tool_selection", "state_tracking"], start=1)}
     composite = make_composite(tiny_model_dir, adapters, root / "composite")
     return {"home": home, "settings": config.load(home), "adapters": adapters, "composite": composite,
