@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from traceops.config import resolve_home
 from traceops.hashing import content_hash
 
 
@@ -21,8 +22,14 @@ def stage_key(stage: str, *inputs: Any) -> str:
 
 
 def key_from_parameter(context: Any, parameters: dict[str, Any]) -> str:
-    """Prefect ``cache_key_fn``: the ``key`` parameter computed by the flow."""
-    return str(parameters["key"])
+    """Prefect ``cache_key_fn``: the ``key`` parameter computed by the flow, scoped to the task's home.
+
+    A cached result names files and MLflow runs of one home, so it must never answer for another: Prefect
+    fixes its result storage when it is imported, and one process (a test session, a library user) may
+    run flows over several homes with the same content hashes.
+    """
+    home = resolve_home(parameters.get("home"))
+    return f"{parameters['key']}-{content_hash(str(home), length=12)}"
 
 
 CACHED = {"cache_key_fn": key_from_parameter, "persist_result": True, "result_serializer": "json"}
