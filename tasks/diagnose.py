@@ -17,7 +17,7 @@ from traceops.domains import replay_fn
 from traceops.envs.families import FAMILIES
 from traceops.errors import StageError
 from traceops.model import load_model
-from traceops.store import load_trajectories
+from traceops.store import CuratedStore, load_trajectories
 
 
 def diagnosis_outputs_exist(result: dict[str, Any]) -> bool:
@@ -45,22 +45,23 @@ def diagnose_task(key: str, home: str | None = None, labelers: tuple[str, ...] =
     with stage_run(settings, "diagnose", parent_run_id, params={"labelers": ",".join(labelers), "seed": seed,
                                                                   "data_version": data_version}) as run:
         with work_timer():
-            trajectories = list(load_trajectories(settings.paths))
-            if not trajectories:
+            if not CuratedStore(settings.paths).count():
                 raise StageError(f"diagnose: the curated store under {settings.paths.curated} is empty; "
                                  "run `traceops ingest LOGS` first")
             chat_model = load_model(llm_model) if llm_model else None
-            result = diagnose(trajectories, params, labelers=labelers, seed=seed, replay_fn=replay_fn,
-                              chat_model=chat_model)
+            # A source, not a list: diagnose streams the store in batches (bounded memory at any size).
+            result = diagnose(lambda ids: load_trajectories(settings.paths, ids), params, labelers=labelers,
+                              seed=seed, replay_fn=replay_fn, chat_model=chat_model)
+            trajectories = result.counts["trajectories"]
             files = write_outputs(result, settings.paths.diagnosis)
         summary = result.summary(files["report"])
         mlflow.set_tag(registry.TAG_DATA_VERSION, data_version or "")
-        mlflow.log_metrics({"trajectories": len(trajectories), "selected": len(summary["selected"])})
+        mlflow.log_metrics({"trajectories": trajectories, "selected": len(summary["selected"])})
         for row in summary["selected"]:
             mlflow.log_metrics({f"coverage.{row['capability']}": row["coverage"] or 0.0,
                                 f"delta.{row['capability']}": row["delta"] or 0.0})
         for path in files.values():
             mlflow.log_artifact(str(path), "diagnosis")
     return {**summary, "files": {k: str(v) for k, v in files.items()}, "mlflow_run": run.info.run_id,
-            "trajectories": len(trajectories)}
+            "trajectories": trajectories}
 

@@ -15,7 +15,7 @@ domain's ``replay_fn``) and records whether the outcome flips.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 import pandas as pd
@@ -86,26 +86,47 @@ def decisive_hit(
     return best, round(_confidence(best) * scale, 4)
 
 
-def attribute(
-    item: Analyzed, selected: set[str] | None = None, strategy: str = "confidence", min_severity: float = 0.5
+def hit_names(trajectory: Trajectory, hits: Iterable[Hit]) -> dict[int, str | None]:
+    """The ``name`` of the message at each hit's step (steps of unnamed messages left out): all that
+    attribution reads of the messages, so a failure can be attributed after its trajectory is gone."""
+    msgs = trajectory.messages
+    return {x.step: msgs[x.step].name for x in hits
+            if 0 <= x.step < len(msgs) and msgs[x.step].name is not None}
+
+
+def attribute_hits(
+    trajectory_id: str,
+    task_id: str,
+    hits: Iterable[Hit],
+    names: Mapping[int, str | None],
+    selected: set[str] | None = None,
+    strategy: str = "confidence",
+    min_severity: float = 0.5,
 ) -> Attribution:
-    """The attribution row of one trajectory."""
-    t = item.trajectory
-    found = decisive_hit(item.hits, selected, strategy, min_severity)
+    """The attribution row of one trajectory from its hits and ``hit_names`` (no messages needed)."""
+    found = decisive_hit(hits, selected, strategy, min_severity)
     if found is None:
-        return Attribution(t.id, t.task_id, None, None, None, 0.0, "no detector fired")
+        return Attribution(trajectory_id, task_id, None, None, None, 0.0, "no detector fired")
     hit, conf = found
-    name = t.messages[hit.step].name if 0 <= hit.step < len(t.messages) else None
     return Attribution(
-        t.id,
-        t.task_id,
+        trajectory_id,
+        task_id,
         hit.step,
-        name,
+        names.get(hit.step),
         hit.capability,
         conf,
         f"{hit.detector}@{hit.step}: {hit.evidence}",
         hit.detector,
     )
+
+
+def attribute(
+    item: Analyzed, selected: set[str] | None = None, strategy: str = "confidence", min_severity: float = 0.5
+) -> Attribution:
+    """The attribution row of one trajectory."""
+    t = item.trajectory
+    names = hit_names(t, item.hits)
+    return attribute_hits(t.id, t.task_id, item.hits, names, selected, strategy, min_severity)
 
 
 def counterfactual(

@@ -25,8 +25,6 @@ from sklearn.metrics import silhouette_samples
 from traceops.diagnose.attribution import Attribution
 from traceops.diagnose.capabilities import BUILTIN
 from traceops.diagnose.embed import embed_texts
-from traceops.diagnose.labels import Analyzed
-from traceops.diagnose.segments import segment
 
 UNEXPLAINED = "unexplained"
 
@@ -94,24 +92,29 @@ def _empty(backend: str, warning: str) -> Clustering:
     return Clustering(points, clusters, None, 0.0, backend, warnings=[warning])
 
 
-def cluster_failures(
-    items: list[Analyzed],
-    attributions: list[Attribution],
+def sample_failures(
+    attributions: list[Attribution], params: ClusterParams | None = None
+) -> list[Attribution]:
+    """The attributions whose segments are clustered: all, or a seeded sample of ``max_points``."""
+    p = params or ClusterParams()
+    if len(attributions) <= p.max_points:
+        return list(attributions)
+    keep = np.random.default_rng(p.seed).choice(len(attributions), p.max_points, replace=False)
+    return [attributions[i] for i in sorted(keep)]  # seeded subsample keeps embedding time bounded
+
+
+def cluster_segments(
+    rows: list[Attribution],
+    bodies: list[str],
     params: ClusterParams | None = None,
     validate: bool = True,
 ) -> Clustering:
-    """Cluster the failure segments of attributed failed trajectories."""
+    """Cluster failure segments: ``bodies[i]`` is the window of messages around ``rows[i].step``."""
     p = params or ClusterParams()
-    by_id = {item.trajectory.id: item for item in items}
-    rows = [a for a in attributions if a.trajectory_id in by_id]
-    if len(rows) > p.max_points:  # seeded subsample keeps embedding time bounded
-        keep = np.random.default_rng(p.seed).choice(len(rows), p.max_points, replace=False)
-        rows = [rows[i] for i in sorted(keep)]
     if len(rows) < 2 * p.min_cluster_size:
         return _empty(
             "none", f"only {len(rows)} failure segments: too few to cluster (need {2 * p.min_cluster_size})."
         )
-    bodies = [segment(by_id[a.trajectory_id].trajectory, a.step) for a in rows]
     texts = [f"{a.detector or UNEXPLAINED}\n{body}" for a, body in zip(rows, bodies, strict=True)]
     vectors, backend = embed_texts(texts, p.backend)
     labels = HDBSCAN(min_cluster_size=p.min_cluster_size, copy=True).fit_predict(vectors)

@@ -65,33 +65,64 @@ class EmbeddingLabeler:
     min_centre: int = 5
     name: str = "embedding"
 
+    def stream(self, capabilities: list[str]) -> EmbeddingStream:
+        """A stream that keeps each batch's segment texts and exercised capabilities only."""
+        return EmbeddingStream(self, capabilities)
+
     def label(self, items: list[Analyzed], capabilities: list[str]) -> LabelSet:
         """Label every item; one deterministic run."""
+        stream = self.stream(capabilities)
+        stream.add(items)
+        return stream.result()
+
+
+class EmbeddingStream:
+    """Segments gathered batch by batch; embedded, centred and assigned over all of them at the end
+    (centring and TF-IDF need the whole set, so the result does not depend on the batching)."""
+
+    def __init__(self, labeler: EmbeddingLabeler, capabilities: list[str]) -> None:
+        self.labeler = labeler
+        self.capabilities = capabilities
+        self.ids: list[str] = []
+        self.active: list[set[str]] = []
+        self.seg_text: list[str] = []
+        self.seg_owner: list[tuple[int, int]] = []
+        self.seconds = 0.0
+
+    def add(self, items: list[Analyzed]) -> None:
+        """Cut the batch's failure segments into text; the trajectories are not kept."""
         start = time.perf_counter()
+        for item in items:
+            i = len(self.ids)
+            self.ids.append(item.trajectory.id)
+            self.active.append(exercised(item.view))
+            for step, heading in failure_points(item, self.labeler.min_severity):
+                self.seg_text.append(f"{heading}\n{segment(item.trajectory, step)}".strip())
+                self.seg_owner.append((i, step))
+        self.seconds += time.perf_counter() - start
+
+    def result(self) -> LabelSet:
+        """Labels of every trajectory added."""
+        start = time.perf_counter()
+        lab, capabilities, active = self.labeler, self.capabilities, self.active
         proto_text, proto_cap = [], []
         for cap in capabilities:
             for text in (CAPABILITIES.get(cap, cap.replace("_", " ")), *PROTOTYPES.get(cap, ())):
                 proto_text.append(text)
                 proto_cap.append(cap)
-        seg_text, seg_owner = [], []
-        for i, item in enumerate(items):
-            for step, heading in failure_points(item, self.min_severity):
-                seg_text.append(f"{heading}\n{segment(item.trajectory, step)}".strip())
-                seg_owner.append((i, step))
-        vectors, backend = embed_texts(proto_text + seg_text, self.backend)
+        vectors, backend = embed_texts(proto_text + self.seg_text, lab.backend)
         protos, segs = vectors[: len(proto_text)], vectors[len(proto_text) :]
-        centred = len(segs) >= self.min_centre
+        centred = len(segs) >= lab.min_centre
         if centred:
             protos, segs = _centre(protos), _centre(segs)
         default = 0.0 if centred else (0.25 if backend == "minilm" else 0.05)
-        threshold = self.min_similarity if self.min_similarity is not None else default
-        active = [exercised(item.view) for item in items]
+        threshold = lab.min_similarity if lab.min_similarity is not None else default
         cap_index = {c: [k for k, pc in enumerate(proto_cap) if pc == c] for c in capabilities}
         lacking: dict[int, dict[str, CapabilityLabel]] = {}
         if len(segs):
             sims = segs @ protos.T
             per_cap = np.stack([sims[:, cap_index[c]].max(axis=1) for c in capabilities], axis=1)
-            for (i, step), row in zip(seg_owner, per_cap, strict=True):
+            for (i, step), row in zip(self.seg_owner, per_cap, strict=True):
                 # A capability the trajectory never exercised cannot be the one it lacks.
                 row = np.where([c in active[i] for c in capabilities], row, -np.inf)
                 best = int(row.argmax())
@@ -107,17 +138,18 @@ class EmbeddingLabeler:
                         ),
                     )
         run = {}
-        for i, item in enumerate(items):
+        for i, tid in enumerate(self.ids):
             mine = lacking.get(i, {})
-            run[item.trajectory.id] = {
+            run[tid] = {
                 cap: mine.get(cap)
                 or CapabilityLabel(LabelValue.PRESENT if cap in active[i] else LabelValue.NA)
                 for cap in capabilities
             }
+        seconds = self.seconds + time.perf_counter() - start
         return LabelSet(
-            self.name,
+            lab.name,
             [run],
             deterministic=True,
-            cost={"seconds": time.perf_counter() - start, "tokens": 0.0, "segments": len(segs)},
+            cost={"seconds": seconds, "tokens": 0.0, "segments": len(segs)},
             meta={"backend": backend, "centred": str(centred)},
         )

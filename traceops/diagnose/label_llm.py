@@ -90,64 +90,110 @@ class LLMLabeler:
     def _cache_file(self, key: str) -> Path | None:
         return self.cache_dir / f"{key}.json" if self.cache_dir is not None else None
 
+    def stream(self, capabilities: list[str]) -> LLMStream:
+        """A stream that keeps only the conversations still waiting for a model call, and the labels."""
+        return LLMStream(self, capabilities)
+
     def label(self, items: list[Analyzed], capabilities: list[str]) -> LabelSet:
         """Label every item ``runs`` times (seeds ``seed`` .. ``seed + runs - 1``)."""
-        start = time.perf_counter()
-        cost = {
+        stream = self.stream(capabilities)
+        stream.add(items)
+        return stream.result()
+
+
+class LLMStream:
+    """The LLM labeler over batches. Uncached conversations queue per run and go to the model
+    ``batch_size`` at a time across batch boundaries, so the model sees the same call batches (and,
+    when sampling depends on the batch, gives the same answers) however the trajectories arrive."""
+
+    def __init__(self, labeler: LLMLabeler, capabilities: list[str]) -> None:
+        self.labeler = labeler
+        self.capabilities = capabilities
+        self.seconds = 0.0
+        self.cost = {
             "prompt_tokens_est": 0.0,
             "completion_tokens_est": 0.0,
             "calls": 0.0,
             "cache_hits": 0.0,
             "parse_failures": 0.0,
         }
-        if self.cache_dir is not None:
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
-        convs = [conversation(item, capabilities) for item in items]
-        runs: list[LabelRun] = []
-        for r in range(self.runs):
-            cfg = GenerationConfig(
-                max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed + r
+        if labeler.cache_dir is not None:
+            labeler.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.configs = [
+            GenerationConfig(
+                max_new_tokens=labeler.max_new_tokens, temperature=labeler.temperature, seed=labeler.seed + r
             )
-            keys = [
-                content_hash(
-                    {
-                        "model": [self.model.info.model_id, self.model.info.weights_hash],
-                        "conv": c,
-                        "cfg": [cfg.seed, cfg.temperature, cfg.max_new_tokens],
-                    }
-                )
-                for c in convs
-            ]
-            answers: dict[int, str] = {}
-            todo = []
-            for i, key in enumerate(keys):
-                path = self._cache_file(key)
-                if path is not None and path.exists():
-                    answers[i] = json.loads(path.read_text())["text"]
-                    cost["cache_hits"] += 1
+            for r in range(labeler.runs)
+        ]
+        self.ids: list[str] = []
+        self.labels: list[dict[int, dict[str, CapabilityLabel]]] = [{} for _ in self.configs]
+        self.pending: list[list[tuple[int, str, list[dict[str, str]]]]] = [[] for _ in self.configs]
+        # Answers this stream cached itself: a repeat of such a conversation in a later batch is
+        # generated again, as it would have been had every batch been labelled at once.
+        self.fresh: set[str] = set()
+
+    def _key(self, conv: list[dict[str, str]], cfg: GenerationConfig) -> str:
+        info = self.labeler.model.info
+        return content_hash(
+            {
+                "model": [info.model_id, info.weights_hash],
+                "conv": conv,
+                "cfg": [cfg.seed, cfg.temperature, cfg.max_new_tokens],
+            }
+        )
+
+    def _answer(self, run: int, index: int, text: str) -> None:
+        parsed = parse_answer(text, self.capabilities)
+        if parsed is None:
+            self.cost["parse_failures"] += 1
+            unread = CapabilityLabel(LabelValue.NA, evidence="unparseable answer")
+            parsed = {c: unread for c in self.capabilities}
+        self.labels[run][index] = parsed
+
+    def _generate(self, run: int, chunk: list[tuple[int, str, list[dict[str, str]]]]) -> None:
+        texts = self.labeler.model.generate([conv for _, _, conv in chunk], None, self.configs[run])
+        self.cost["calls"] += 1
+        for (index, key, conv), text in zip(chunk, texts, strict=True):
+            self.cost["prompt_tokens_est"] += math.ceil(sum(len(m["content"]) for m in conv) / 4)
+            self.cost["completion_tokens_est"] += math.ceil(len(text) / 4)
+            path = self.labeler._cache_file(key)
+            if path is not None:
+                path.write_text(json.dumps({"text": text}))
+                self.fresh.add(key)
+            self._answer(run, index, text)
+
+    def add(self, items: list[Analyzed]) -> None:
+        """Answer the batch from the cache; queue the rest and send every full model batch."""
+        start = time.perf_counter()
+        first = len(self.ids)
+        self.ids.extend(item.trajectory.id for item in items)
+        convs = [conversation(item, self.capabilities) for item in items]
+        size = self.labeler.batch_size
+        for run, cfg in enumerate(self.configs):
+            for offset, conv in enumerate(convs):
+                key = self._key(conv, cfg)
+                path = self.labeler._cache_file(key)
+                if path is not None and key not in self.fresh and path.exists():
+                    self._answer(run, first + offset, json.loads(path.read_text())["text"])
+                    self.cost["cache_hits"] += 1
                 else:
-                    todo.append(i)
-            for b in range(0, len(todo), self.batch_size):
-                chunk = todo[b : b + self.batch_size]
-                texts = self.model.generate([convs[i] for i in chunk], None, cfg)
-                cost["calls"] += 1
-                for i, text in zip(chunk, texts, strict=True):
-                    answers[i] = text
-                    cost["prompt_tokens_est"] += math.ceil(sum(len(m["content"]) for m in convs[i]) / 4)
-                    cost["completion_tokens_est"] += math.ceil(len(text) / 4)
-                    path = self._cache_file(keys[i])
-                    if path is not None:
-                        path.write_text(json.dumps({"text": text}))
-            run: LabelRun = {}
-            for i, item in enumerate(items):
-                parsed = parse_answer(answers[i], capabilities)
-                if parsed is None:
-                    cost["parse_failures"] += 1
-                    parsed = {
-                        c: CapabilityLabel(LabelValue.NA, evidence="unparseable answer") for c in capabilities
-                    }
-                run[item.trajectory.id] = parsed
-            runs.append(run)
-        cost["seconds"] = time.perf_counter() - start
-        meta: dict[str, Any] = {"model": self.model.info.model_id}
-        return LabelSet(self.name, runs, deterministic=False, cost=cost, meta=meta)
+                    self.pending[run].append((first + offset, key, conv))
+            queue = self.pending[run]
+            while len(queue) >= size:
+                self._generate(run, queue[:size])
+                del queue[:size]
+        self.seconds += time.perf_counter() - start
+
+    def result(self) -> LabelSet:
+        """Send what is still queued; the labels of every trajectory added, one run per seed."""
+        start = time.perf_counter()
+        for run, queue in enumerate(self.pending):
+            if queue:
+                self._generate(run, queue)
+            self.pending[run] = []
+        runs: list[LabelRun] = [
+            {tid: labels[i] for i, tid in enumerate(self.ids)} for labels in self.labels
+        ]
+        cost = {**self.cost, "seconds": self.seconds + time.perf_counter() - start}
+        meta: dict[str, Any] = {"model": self.labeler.model.info.model_id}
+        return LabelSet(self.labeler.name, runs, deterministic=False, cost=cost, meta=meta)

@@ -1,7 +1,8 @@
 """``diagnose``: trajectories -> detectors -> labels -> contrastive selection -> attribution -> clusters.
 
-Pure: reads nothing, writes nothing (unless an LLM labeler is given a cache folder). Files are
-``outputs.write_outputs``' job.
+Pure: reads nothing but its source, writes nothing (unless an LLM labeler is given a cache folder).
+Files are ``outputs.write_outputs``' job. Trajectories stream through in batches (``stream``), so a
+store of any size is diagnosed in bounded memory.
 """
 
 from __future__ import annotations
@@ -14,20 +15,23 @@ from typing import Any
 
 import numpy as np
 
-from traceops.diagnose.attribution import Attribution, ReplayFn, attribute, counterfactual
+from traceops.diagnose.attribution import Attribution, ReplayFn, attribute_hits, counterfactual
 from traceops.diagnose.capabilities import BUILTIN, CAPABILITIES
-from traceops.diagnose.clustering import Clustering, ClusterParams, cluster_failures
-from traceops.diagnose.detectors import detect
+from traceops.diagnose.clustering import Clustering, ClusterParams, cluster_segments, sample_failures
 from traceops.diagnose.label_embed import EmbeddingLabeler
 from traceops.diagnose.label_llm import LLMLabeler
 from traceops.diagnose.label_rule import RuleLabeler
-from traceops.diagnose.labels import Analyzed, Labeler, LabelSet
-from traceops.diagnose.segments import render_message
+from traceops.diagnose.label_stream import Lacking
+from traceops.diagnose.labels import Labeler
+from traceops.diagnose.segments import render_message, segment
 from traceops.diagnose.selection import Selection, SelectionParams, select
-from traceops.diagnose.view import build_view
+from traceops.diagnose.stream import TrajectorySource, as_source, revisit, scan
 from traceops.errors import ConfigError
 from traceops.model.base import ChatModel
 from traceops.schema import Trajectory
+
+# Trajectories per batch: a batch of pydantic trajectories and their views is what memory holds.
+BATCH_SIZE = 1024
 
 
 def jsonable(value: Any) -> Any:
@@ -184,25 +188,36 @@ def _labeler(spec: str | Labeler, params: DiagnoseParams, chat_model: ChatModel 
     raise ConfigError(f"unknown labeler {spec!r}: use 'rule', 'embedding' or 'llm'")
 
 
-def _example(item: Analyzed, att: Attribution, window: int = 3) -> dict[str, Any]:
-    msgs = item.trajectory.messages
-    center = att.step if att.step is not None else len(msgs) - 1
+def example_messages(trajectory: Trajectory, step: int | None, window: int = 3) -> list[dict[str, Any]]:
+    """The messages an example shows: ``window`` before the decisive step (the last when none), one after."""
+    msgs = trajectory.messages
+    center = step if step is not None else len(msgs) - 1
     lo, hi = max(0, center - window), min(len(msgs), center + 2)
+    return [{"step": i, "text": render_message(msgs[i], 500), "decisive": i == step} for i in range(lo, hi)]
+
+
+def _example(att: Attribution, messages: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "trajectory_id": att.trajectory_id,
         "task_id": att.task_id,
         "step": att.step,
         "evidence": att.evidence,
         "confidence": att.confidence,
-        "messages": [
-            {"step": i, "text": render_message(msgs[i], 500), "decisive": i == att.step}
-            for i in range(lo, hi)
-        ],
+        "messages": messages,
     }
 
 
-def _combine(sets: list[LabelSet], ids: list[str], caps: list[str], how: str) -> list[np.ndarray]:
-    mats = [[ls.lacking(r, ids, caps) for r in range(len(ls.runs))] for ls in sets]
+def _pick_examples(attributions: list[Attribution], per_capability: int) -> dict[str, list[Attribution]]:
+    """The most confident attributions of each capability (a capability key even when none fits)."""
+    picked: dict[str, list[Attribution]] = {}
+    for att in sorted(attributions, key=lambda a: -a.confidence):
+        if att.capability and len(picked.setdefault(att.capability, [])) < per_capability:
+            picked[att.capability].append(att)
+    return picked
+
+
+def _combine(sets: list[Lacking], how: str) -> list[np.ndarray]:
+    mats = [ls.runs for ls in sets]
     if how == "first" or len(mats) == 1:
         return mats[0]
     if how != "any":
@@ -212,14 +227,20 @@ def _combine(sets: list[LabelSet], ids: list[str], caps: list[str], how: str) ->
 
 
 def diagnose(
-    trajectories: Iterable[Trajectory],
+    trajectories: Iterable[Trajectory] | TrajectorySource,
     params: DiagnoseParams | None = None,
     labelers: Sequence[str | Labeler] = ("rule",),
     seed: int = 0,
     replay_fn: ReplayFn | None = None,
     chat_model: ChatModel | None = None,
+    batch_size: int = BATCH_SIZE,
 ) -> Diagnosis:
-    """Diagnose capability gaps in ``trajectories`` (see the module and DESIGN.md)."""
+    """Diagnose capability gaps in ``trajectories`` (see the module and DESIGN.md).
+
+    ``trajectories`` is a list or a source (``stream.TrajectorySource``: ids -> trajectories, e.g.
+    the curated store); a source is read twice, ``batch_size`` trajectories at a time, and memory
+    holds one batch plus compact per-trajectory results. The result does not depend on ``batch_size``.
+    """
     p = params or DiagnoseParams()
     if p.selection.seed != seed or p.clusters.seed != seed:
         p = replace(p, selection=replace(p.selection, seed=seed), clusters=replace(p.clusters, seed=seed))
@@ -232,44 +253,49 @@ def diagnose(
     if p.combine not in ("first", "any"):
         raise ConfigError(f"params diagnose.combine={p.combine!r}: use 'first' or 'any'")
     caps = list(p.capabilities)
-    items = []
-    for t in trajectories:
-        view = build_view(t)
-        items.append(Analyzed(t, view, tuple(detect(t, view, p.min_severity))))
-    ids = [it.trajectory.id for it in items]
-    outcomes = [it.trajectory.outcome.success for it in items]
-    sets = [_labeler(spec, p, chat_model, seed).label(items, caps) for spec in labelers]
-    by_labeler = {
-        ls.labeler: select(
-            [ls.lacking(r, ids, caps) for r in range(len(ls.runs))], outcomes, caps, p.selection
-        )
-        for ls in sets
-    }
-    selection = select(_combine(sets, ids, caps, p.combine), outcomes, caps, p.selection)
+    source = as_source(trajectories)
+    found = scan(source, [_labeler(spec, p, chat_model, seed) for spec in labelers], caps, p.min_severity,
+                 batch_size)
+    outcomes = found.outcomes
+    by_labeler = {ls.labeler: select(ls.runs, outcomes, caps, p.selection) for ls in found.lacking}
+    selection = select(_combine(found.lacking, p.combine), outcomes, caps, p.selection)
     chosen = set(selection.selected)
-    attributions = []
-    for it in items:
-        if it.trajectory.outcome.success is False:
-            att = attribute(it, chosen, p.attribution_strategy, p.min_severity)
-            if replay_fn is not None:
-                att = replace(att, counterfactual_flip=counterfactual(it.trajectory, att.step, replay_fn))
-            attributions.append(att)
+    attributions = [
+        attribute_hits(f.trajectory_id, f.task_id, f.hits, f.names, chosen, p.attribution_strategy,
+                       p.min_severity)
+        for f in found.failures
+    ]
+    # Pass 2 fetches only the trajectories whose messages are still needed.
+    clustered = sample_failures(attributions, p.clusters) if p.cluster and attributions else []
+    picked = _pick_examples(attributions, p.examples_per_capability)
+    steps = {a.trajectory_id: a.step for a in attributions}
+    to_replay = {a.trajectory_id for a in attributions if a.step is not None} if replay_fn else set()
+    to_segment = {a.trajectory_id for a in clustered}
+    to_show = {a.trajectory_id for atts in picked.values() for a in atts}
+    flips: dict[str, bool | None] = {}
+    bodies: dict[str, str] = {}
+    windows: dict[str, list[dict[str, Any]]] = {}
+    for t in revisit(source, to_replay | to_segment | to_show):
+        step = steps[t.id]
+        if t.id in to_replay:
+            flips[t.id] = counterfactual(t, step, replay_fn)
+        if t.id in to_segment:
+            bodies[t.id] = segment(t, step)
+        if t.id in to_show:
+            windows[t.id] = example_messages(t, step)
+    attributions = [
+        replace(a, counterfactual_flip=flips[a.trajectory_id]) if a.trajectory_id in flips else a
+        for a in attributions
+    ]
     clustering = (
-        cluster_failures(items, attributions, p.clusters, p.validate_clusters)
+        cluster_segments(clustered, [bodies[a.trajectory_id] for a in clustered], p.clusters,
+                         p.validate_clusters)
         if p.cluster and attributions
         else None
     )
-    by_id = {it.trajectory.id: it for it in items}
-    examples: dict[str, list[dict[str, Any]]] = {}
-    for att in sorted(attributions, key=lambda a: -a.confidence):
-        if att.capability and len(examples.setdefault(att.capability, [])) < p.examples_per_capability:
-            examples[att.capability].append(_example(by_id[att.trajectory_id], att))
-    hit_counts: dict[str, int] = {}
-    for it in items:
-        for hit in it.hits:
-            hit_counts[hit.detector] = hit_counts.get(hit.detector, 0) + 1
+    examples = {cap: [_example(a, windows[a.trajectory_id]) for a in atts] for cap, atts in picked.items()}
     counts = {
-        "trajectories": len(items),
+        "trajectories": len(outcomes),
         "failures": sum(o is False for o in outcomes),
         "successes": sum(o is True for o in outcomes),
         "no_outcome": sum(o is None for o in outcomes),
@@ -280,12 +306,12 @@ def diagnose(
         caps,
         selection,
         by_labeler,
-        {ls.labeler: {**ls.cost, **ls.meta, "runs": len(ls.runs)} for ls in sets},
+        {ls.labeler: {**ls.cost, **ls.meta, "runs": len(ls.runs)} for ls in found.lacking},
         attributions,
         clustering,
         examples,
         counts,
-        hit_counts,
+        found.hit_counts,
         warnings,
         seed,
         p,
