@@ -118,10 +118,11 @@ def ungrounded_argument(v: TraceView) -> list[Hit]:
     """An id/email/number argument found in no earlier system, user or tool message (nor the tool's enum)."""
     hits = []
     specs = {t.name: t.parameters for t in v.trajectory.tools}
+    prefixes = h.Prefixes(v.messages)
     for c in v.calls:
         if c.malformed or c.source == "bash":
             continue
-        ctx = h.Context(m.content or "" for m in v.messages[: c.step] if m.role in ("system", "user", "tool"))
+        ctx = prefixes.before(c.step)
         enum_values = {
             str(e)
             for p in ((specs.get(c.name) or {}).get("properties") or {}).values()
@@ -300,7 +301,7 @@ def unsupported_claim(v: TraceView) -> list[Hit]:
     step = v.final_answer_step()
     if step is None or v.bash_style or not any(m.role == "tool" for m in v.messages[:step]):
         return []
-    ctx = h.Context(m.content or "" for m in v.messages[:step] if m.role in ("system", "user", "tool"))
+    ctx = h.Context(m.content or "" for m in v.messages[:step] if m.role in h.CONTEXT_ROLES)
     missing = sorted(t for t in h.claim_tokens(v.text(step)) if not ctx.supports(t))
     if not missing:
         return []

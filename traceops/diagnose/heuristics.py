@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 from typing import Any
 
 from traceops.diagnose.view import TraceView
@@ -206,12 +208,44 @@ class Context:
         self.text = "\n".join(texts).lower()
         self.numbers = numbers(self.text)
 
+    @classmethod
+    def of(cls, text: str, found: set[str]) -> Context:
+        """A context from text already joined and lowercased, and the numbers found in it."""
+        ctx = cls.__new__(cls)
+        ctx.text, ctx.numbers = text, found
+        return ctx
+
     def supports(self, token: str) -> bool:
         """True when a claim token (from ``claim_tokens``) or value occurs in the context."""
         num = norm_number(token)
         if num is not None:
             return num in self.numbers
         return token.lower().lstrip("#") in self.text
+
+
+CONTEXT_ROLES = ("system", "user", "tool")
+
+
+class Prefixes:
+    """``Context`` of the system, user and tool messages before any step, each message lowercased and
+    scanned for numbers once (a context per call would rescan the whole prefix: quadratic)."""
+
+    def __init__(self, messages: list[Any]) -> None:
+        self.steps: list[int] = []
+        self.texts: list[str] = []
+        self.numbers: list[set[str]] = []
+        for step, msg in enumerate(messages):
+            if msg.role in CONTEXT_ROLES:
+                text = (msg.content or "").lower()
+                self.steps.append(step)
+                self.texts.append(text)
+                # Numbers never span the newline that joins two messages: per message is the same.
+                self.numbers.append(numbers(text))
+
+    def before(self, step: int) -> Context:
+        """The context of the messages before ``step`` (what ``Context`` of them would be)."""
+        k = bisect_left(self.steps, step)
+        return Context.of("\n".join(self.texts[:k]), set().union(*self.numbers[:k]))
 
 
 def checkable_values(value: Any) -> list[Any]:
@@ -242,6 +276,7 @@ def grounded(value: Any, context: Context) -> bool:
     return context.supports(str(value).strip())
 
 
+@lru_cache(maxsize=1 << 16)  # pure and called per word of every text: vocabularies repeat
 def stem(word: str) -> str:
     """A crude stemmer, enough for lexical overlap: strip -ing/-ed/-es/-s."""
     for suffix in ("ing", "ed", "es", "s"):
@@ -275,12 +310,17 @@ def write_requested(view: TraceView) -> str | None:
     return None
 
 
+@lru_cache(maxsize=4096)  # the same tool specs come with every trajectory of an agent
+def _tool_words(text: str) -> frozenset[str]:
+    return frozenset(content_words(text))
+
+
 def tool_vocabulary(view: TraceView) -> set[str]:
     """Content words of the tools' names, descriptions and parameter names."""
     words: set[str] = set()
     for tool in view.trajectory.tools:
         props = (tool.parameters or {}).get("properties") or {}
-        words |= content_words(" ".join([tool.name, tool.description, *props]))
+        words |= _tool_words(" ".join([tool.name, tool.description, *props]))
     return words
 
 

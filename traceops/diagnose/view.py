@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from traceops.hashing import canonical_json
@@ -107,8 +108,14 @@ class TraceView:
 
     def is_write(self, name: str) -> bool:
         """A write tool is one whose name starts with a write verb (``cancel_pending_order``)."""
-        head = re.split(r"[_\-.\s]|(?<=[a-z])(?=[A-Z])", name, maxsplit=1)[0].lower()
-        return head in WRITE_VERBS
+        return is_write_name(name)
+
+
+@lru_cache(maxsize=4096)  # asked for every call and tool of every trajectory; tool names repeat
+def is_write_name(name: str) -> bool:
+    """Whether a tool name starts with a write verb (``cancel_pending_order``)."""
+    head = re.split(r"[_\-.\s]|(?<=[a-z])(?=[A-Z])", name, maxsplit=1)[0].lower()
+    return head in WRITE_VERBS
 
 
 def _parse_text_call(blob: str) -> tuple[str, dict[str, Any], str | None]:
