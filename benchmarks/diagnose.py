@@ -15,12 +15,10 @@ import time
 
 from traceops.diagnose.attribution import attribute, planted_accuracy
 from traceops.diagnose.capabilities import BUILTIN
-from traceops.diagnose.detectors import detect
 from traceops.diagnose.label_rule import RuleLabeler
-from traceops.diagnose.labels import Analyzed
 from traceops.diagnose.selection import SelectionParams, select
+from traceops.diagnose.stream import analyze
 from traceops.diagnose.synthetic import synthetic_trajectories
-from traceops.diagnose.view import build_view
 from traceops.hashing import canonical_json
 
 PLANTED = ("argument_grounding", "error_recovery", "tool_call_format")
@@ -44,10 +42,7 @@ def main() -> None:
     t_base = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    items = []
-    for t in trajectories:
-        view = build_view(t)
-        items.append(Analyzed(t, view, tuple(detect(t, view))))
+    items = [analyze(t) for t in trajectories]
     t_det = time.perf_counter() - t0
 
     caps = list(BUILTIN)

@@ -67,7 +67,7 @@ class Scan:
     lacking: list[Lacking] = field(default_factory=list)
 
 
-def analyze(trajectory: Trajectory, min_severity: float) -> Analyzed:
+def analyze(trajectory: Trajectory, min_severity: float = 0.5) -> Analyzed:
     """A trajectory with its view and detector hits."""
     view = build_view(trajectory)
     return Analyzed(trajectory, view, tuple(detect(trajectory, view, min_severity)))
