@@ -18,6 +18,7 @@ from traceops import config
 from traceops.diagnose.clustering import ClusterParams
 from traceops.diagnose.outputs import write_outputs
 from traceops.diagnose.run import DiagnoseParams, Diagnosis, diagnose
+from traceops.errors import StageError
 from traceops.formats import iter_items
 from traceops.schema import Trajectory
 from traceops.store import append_trajectories, load_trajectories
@@ -85,3 +86,13 @@ def test_one_shot_iterator_and_empty_input() -> None:
     assert from_iterator.attributions == from_list.attributions
     empty = diagnose([], params)
     assert empty.counts["trajectories"] == 0 and empty.selected == [] and empty.attributions == []
+
+
+def test_a_store_that_changes_between_the_passes_is_reported() -> None:
+    trajectories = list(iter_items([SAMPLE / "planted-retail.jsonl"]))[:60]
+
+    def replaced_store(ids: Collection[str] | None) -> Iterable[Trajectory]:
+        return trajectories if ids is None else trajectories[:10]  # most failures gone on the second read
+
+    with pytest.raises(StageError, match="changed while it was diagnosed"):
+        diagnose(replaced_store, DiagnoseParams(cluster=False), batch_size=16)

@@ -26,7 +26,7 @@ from traceops.diagnose.labels import Labeler
 from traceops.diagnose.segments import render_message, segment
 from traceops.diagnose.selection import Selection, SelectionParams, select
 from traceops.diagnose.stream import TrajectorySource, as_source, revisit, scan
-from traceops.errors import ConfigError
+from traceops.errors import ConfigError, StageError
 from traceops.model.base import ChatModel
 from traceops.schema import Trajectory
 
@@ -226,6 +226,39 @@ def _combine(sets: list[Lacking], how: str) -> list[np.ndarray]:
     return [np.logical_or.reduce([m[min(r, len(m) - 1)] for m in mats]) for r in range(n)]
 
 
+def _second_pass(
+    source: TrajectorySource,
+    attributions: list[Attribution],
+    replay_fn: ReplayFn | None,
+    clustered: list[Attribution],
+    picked: dict[str, list[Attribution]],
+) -> tuple[dict[str, bool | None], dict[str, str], dict[str, list[dict[str, Any]]]]:
+    """Read again only the failures whose messages are still needed: counterfactual flips (by id) of
+    those with a decisive step, segments of the clustered sample, message windows of the examples."""
+    steps = {a.trajectory_id: a.step for a in attributions}
+    to_replay = {a.trajectory_id for a in attributions if a.step is not None} if replay_fn else set()
+    to_segment = {a.trajectory_id for a in clustered}
+    to_show = {a.trajectory_id for atts in picked.values() for a in atts}
+    flips: dict[str, bool | None] = {}
+    bodies: dict[str, str] = {}
+    windows: dict[str, list[dict[str, Any]]] = {}
+    wanted = to_replay | to_segment | to_show
+    seen: set[str] = set()
+    for t in revisit(source, wanted):
+        seen.add(t.id)
+        step = steps[t.id]
+        if t.id in to_replay:
+            flips[t.id] = counterfactual(t, step, replay_fn)
+        if t.id in to_segment:
+            bodies[t.id] = segment(t, step)
+        if t.id in to_show:
+            windows[t.id] = example_messages(t, step)
+    if len(seen) < len(wanted):
+        raise StageError(f"diagnose: {len(wanted) - len(seen)} trajectories read in the first pass are gone "
+                         "in the second (the store changed while it was diagnosed); run diagnose again")
+    return flips, bodies, windows
+
+
 def diagnose(
     trajectories: Iterable[Trajectory] | TrajectorySource,
     params: DiagnoseParams | None = None,
@@ -265,24 +298,9 @@ def diagnose(
                        p.min_severity)
         for f in found.failures
     ]
-    # Pass 2 fetches only the trajectories whose messages are still needed.
     clustered = sample_failures(attributions, p.clusters) if p.cluster and attributions else []
     picked = _pick_examples(attributions, p.examples_per_capability)
-    steps = {a.trajectory_id: a.step for a in attributions}
-    to_replay = {a.trajectory_id for a in attributions if a.step is not None} if replay_fn else set()
-    to_segment = {a.trajectory_id for a in clustered}
-    to_show = {a.trajectory_id for atts in picked.values() for a in atts}
-    flips: dict[str, bool | None] = {}
-    bodies: dict[str, str] = {}
-    windows: dict[str, list[dict[str, Any]]] = {}
-    for t in revisit(source, to_replay | to_segment | to_show):
-        step = steps[t.id]
-        if t.id in to_replay:
-            flips[t.id] = counterfactual(t, step, replay_fn)
-        if t.id in to_segment:
-            bodies[t.id] = segment(t, step)
-        if t.id in to_show:
-            windows[t.id] = example_messages(t, step)
+    flips, bodies, windows = _second_pass(source, attributions, replay_fn, clustered, picked)
     attributions = [
         replace(a, counterfactual_flip=flips[a.trajectory_id]) if a.trajectory_id in flips else a
         for a in attributions
