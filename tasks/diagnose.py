@@ -45,7 +45,8 @@ def diagnose_task(key: str, home: str | None = None, labelers: tuple[str, ...] =
     with stage_run(settings, "diagnose", parent_run_id, params={"labelers": ",".join(labelers), "seed": seed,
                                                                   "data_version": data_version}) as run:
         with work_timer():
-            if not CuratedStore(settings.paths).count():
+            store = CuratedStore(settings.paths)
+            if not store.exists() or not store.count():
                 raise StageError(f"diagnose: the curated store under {settings.paths.curated} is empty; "
                                  "run `traceops ingest LOGS` first")
             chat_model = load_model(llm_model) if llm_model else None
