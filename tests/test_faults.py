@@ -139,6 +139,9 @@ FAULTS = [
     Fault("diagnose->synthesize", "diagnose"),
     Fault("synthesize->train", "synthesize"),
     Fault("mid-train", "train", "RUNNING"),
+    Fault("train->route", "route", "RUNNING"),  # every adapter trained, the route stage just started
+    Fault("route->evaluate", "route"),
+    Fault("evaluate->promote", "evaluate"),
 ]
 
 
