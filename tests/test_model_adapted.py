@@ -131,8 +131,9 @@ def test_adapter_model_merged_equals_unmerged_and_differs_from_base(
     with torch.inference_mode():
         for prompt in ids:
             a, b = merged.model(prompt).logits, unmerged.model(prompt).logits
-            assert torch.allclose(a, b, atol=1e-4)
-            assert not torch.allclose(a, base.model(prompt).logits, atol=1e-3)
+            # Merging reorders float32 sums: logits of magnitude ~8 differ by ~1e-4 on some CPUs.
+            assert torch.allclose(a, b, atol=1e-3)
+            assert not torch.allclose(a, base.model(prompt).logits, atol=0.1)
     texts = merged.generate(conversations, config=config)
     assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
     assert merged.info.extra["kind"] == "adapter" and merged.info.weights_hash != base.info.weights_hash
