@@ -1,6 +1,11 @@
 """Prefect task of the route stage: stack the capability adapters into a MoE-LoRA composite over the base,
 fit its token routers on the oracle demonstrations of every capability, save it and register
-``traceops.router`` and ``traceops.composite`` with their parent versions."""
+``traceops.router`` and ``traceops.composite`` with their parent versions.
+
+Registration is idempotent per cache key: router and composite versions carry ``traceops.route_key``,
+and an attempt that finds versions registered under its key (an earlier attempt killed after
+registering, before Prefect stored its result) restores their folder and returns them instead of
+fitting and registering again."""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from traceops.atomic import atomic_folder
 from traceops.errors import ConfigError, StageError
 
 COMPOSITE_INFO = "composite.json"
+TAG_ROUTE_KEY = "traceops.route_key"
+TAG_REUSED_RUN = "traceops.reused_run"
 ROUTING_ARTIFACT = "routing.json"
 # Code defaults of params.yaml's ``route`` section. The fit settings are sized for the CPU nightly: eight
 # steps of 4 x 256 tokens over 4 experts of the embedded 135M model, about 90 CPU-seconds (under a minute
@@ -126,30 +133,61 @@ def _tokenizer(folder: Path, base_dir: Path) -> Any:
     return load_tokenizer(str(base_dir))
 
 
-def _log_fit(fit: Any, routing: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """Log fit curves, held-out accuracy and the val routing summary to the active MLflow run; return the
-    flat metrics."""
-    import mlflow
-
-    for name, values in fit.losses.items():
-        for step, value in enumerate(values, start=1):
-            mlflow.log_metric(f"fit_{name}_loss", value, step=step)
+def fit_metrics(fit: dict[str, Any], routing: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The flat metrics of a router fit (``FitResult.to_dict()``) and its val routing summary."""
     metrics = {
-        "routing_accuracy": fit.routing_accuracy, "sequence_accuracy": fit.sequence_accuracy,
-        "initial_routing_accuracy": fit.initial_routing_accuracy,
-        "initial_sequence_accuracy": fit.initial_sequence_accuracy,
-        "fit_seconds": fit.seconds, "fit_examples": float(fit.n_train),
-        "heldout_examples": float(fit.n_heldout),
+        "routing_accuracy": fit["routing_accuracy"], "sequence_accuracy": fit["sequence_accuracy"],
+        "initial_routing_accuracy": fit["initial_routing_accuracy"],
+        "initial_sequence_accuracy": fit["initial_sequence_accuracy"],
+        "fit_seconds": fit["seconds"], "fit_examples": float(fit["n_train"]),
+        "heldout_examples": float(fit["n_heldout"]),
     }
-    for capability, accuracy in fit.per_capability_accuracy.items():
+    for capability, accuracy in fit["per_capability_accuracy"].items():
         metrics[f"routing_accuracy.{capability}"] = accuracy
     for capability, row in routing.items():
         metrics[f"val_token_accuracy.{capability}"] = row["token_accuracy"]
         metrics[f"val_sequence_accuracy.{capability}"] = row["sequence_accuracy"]
         for expert, share in row["share"].items():
             metrics[f"val_share.{capability}.{expert}"] = share
+    return metrics
+
+
+def _log_fit(fit: dict[str, Any], routing: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Log fit curves, held-out accuracy and the val routing summary to the active MLflow run; return the
+    flat metrics."""
+    import mlflow
+
+    for name, values in fit["losses"].items():
+        for step, value in enumerate(values, start=1):
+            mlflow.log_metric(f"fit_{name}_loss", value, step=step)
+    metrics = fit_metrics(fit, routing)
     mlflow.log_metrics(metrics)
     return metrics
+
+
+def registered_for_key(key: str) -> tuple[registry.ModelRef | None, registry.ModelRef | None]:
+    """The router and composite versions registered under the route cache key ``key`` (None each when
+    absent)."""
+    return (registry.find_tagged_version(registry.ROUTER_MODEL, TAG_ROUTE_KEY, key),
+            registry.find_tagged_version(registry.COMPOSITE_MODEL, TAG_ROUTE_KEY, key))
+
+
+def restore_registered(paths: config.Paths, router: registry.ModelRef, key: str,
+                       target: Path) -> dict[str, Any]:
+    """Make ``target`` the composite folder ``router`` was registered from (kept when it already is,
+    downloaded otherwise) and return that fit's record (``routing.json`` of the run that fitted it)."""
+    import shutil
+
+    import mlflow
+
+    if not composite_exists({"composite_path": str(target), "key": key}):
+        downloaded = registry.download(router, paths.models / "downloads" / router.name / router.version)
+        with atomic_folder(target) as tmp:
+            shutil.copytree(downloaded, tmp, dirs_exist_ok=True)
+    record = mlflow.artifacts.download_artifacts(run_id=router.run_id, artifact_path=ROUTING_ARTIFACT,
+                                                 dst_path=str(paths.models / "downloads" / "routing"
+                                                              / router.run_id))
+    return json.loads(Path(record).read_text())
 
 
 @task(name="route", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, **CACHED)
@@ -163,10 +201,6 @@ def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None
     night does not refit.
     """
     import mlflow
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from traceops.moe import FitConfig, build_moe, evaluate_routing, fit_router, save_moe
 
     settings = config.load(home)
     paths = settings.paths
@@ -179,56 +213,36 @@ def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None
     base_dir, base_ref = registry.resolve_base_model(base_model)
     lineage = dict(lineage or registry.current_lineage(paths, base_model))
     parent_versions = {a["model_name"]: str(a["model_version"]) for a in adapters}
-    seed = int(params["seed"])
     run_params = {**params, "adapters": json.dumps(parent_versions, sort_keys=True), "base_model": base_ref}
+    target = paths.models / "composite"
     with stage_run(settings, "route", parent_run_id, params=run_params) as run:
         mlflow.set_tag(registry.TAG_BASE_MODEL, base_ref)
         mlflow.set_tag(registry.TAG_PARENT_VERSIONS, json.dumps(parent_versions, sort_keys=True))
-        with work_timer():
-            folders = {a["capability"]: _adapter_folder(paths, a) for a in adapters}
-            tokenizer = _tokenizer(next(iter(folders.values())), base_dir)
-            train = {c: _demonstrations(paths.environments / c, c, "train", params["train_examples"], seed)
-                     for c in capabilities}
-            val = {c: _demonstrations(paths.environments / c, c, "val", params["val_examples"], seed)
-                   for c in capabilities}
-            torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).eval()
-            moe = build_moe(model, folders, top_k=int(params["top_k"]),
-                            null_expert=bool(params["null_expert"]), mode=str(params["mode"]),
-                            router_seed=seed, base_weights_hash=base_ref)
-            fit_config = FitConfig(
-                steps=int(params["steps"]), batch_size=int(params["batch_size"]),
-                learning_rate=float(params["learning_rate"]), max_length=int(params["max_length"]),
-                route_weight=float(params["route_weight"]), lm_weight=float(params["lm_weight"]),
-                balance_weight=float(params["balance_weight"]), z_weight=float(params["z_weight"]),
-                heldout_fraction=float(params["heldout_fraction"]), seed=seed)
-            fit = fit_router(moe, tokenizer, train, fit_config)
-            tick = time.perf_counter()
-            routing = evaluate_routing(moe, tokenizer, {c: rows for c, rows in val.items() if rows},
-                                       max_length=int(params["max_length"]),
-                                       batch_size=int(params["batch_size"]))
-            trace_seconds = time.perf_counter() - tick
-            info = {
-                "key": key, "base_model": base_model, "base_model_ref": base_ref,
-                "experts": {a["capability"]: {"capability": a["capability"], "model_name": a["model_name"],
-                                              "model_version": str(a["model_version"])} for a in adapters},
-                "top_k": moe.top_k, "mode": moe.mode, "null_expert": moe.config.null_expert,
-                "fit": {k: v for k, v in fit.to_dict().items() if k != "losses"},
-            }
-            target = paths.models / "composite"
-            with atomic_folder(target) as tmp:
-                save_moe(moe, tmp)
-                # The chat template the experts were trained with travels with the composite.
-                tokenizer.save_pretrained(str(tmp))
-                (tmp / COMPOSITE_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        metrics = _log_fit(fit, routing)
-        mlflow.log_metric("trace_seconds", trace_seconds)
-        registry.log_json({"fit": fit.to_dict(), "val_routing": routing, "experts": info["experts"]},
-                          ROUTING_ARTIFACT)
-        router = registry.register_router(target, lineage, parent_versions, base_model=_base_arg(base_model))
-        composite = registry.register_composite(target, lineage,
-                                                {**parent_versions, registry.ROUTER_MODEL: router.version},
-                                                base_model=_base_arg(base_model))
+        router, composite = registered_for_key(key)
+        if router is not None:
+            # An earlier attempt at the same key registered before it was killed: its versions stand.
+            record = restore_registered(paths, router, key, target)
+            fit, routing, fit_run = record["fit"], record["val_routing"], router.run_id
+            metrics = fit_metrics(fit, routing)
+            mlflow.set_tag(TAG_REUSED_RUN, fit_run)
+        else:
+            composite = None  # a composite needs the router fitted with it
+            with work_timer():
+                fit, routing, trace_seconds = _fit_and_save(paths, adapters, base_dir, base_model, base_ref,
+                                                            params, key, target)
+            metrics = _log_fit(fit, routing)
+            mlflow.log_metric("trace_seconds", trace_seconds)
+            registry.log_json({"fit": fit, "val_routing": routing,
+                               "experts": _experts(adapters)}, ROUTING_ARTIFACT)
+            fit_run = run.info.run_id
+            router = registry.register_router(target, lineage, parent_versions,
+                                              base_model=_base_arg(base_model),
+                                              extra_tags={TAG_ROUTE_KEY: key})
+        if composite is None:
+            parents = {**parent_versions, registry.ROUTER_MODEL: router.version}
+            composite = registry.register_composite(target, lineage, parents,
+                                                    base_model=_base_arg(base_model),
+                                                    extra_tags={TAG_ROUTE_KEY: key})
     summary = {k: v for k, v in metrics.items() if not k.startswith("val_share.")}
     return {
         "key": key,
@@ -237,8 +251,61 @@ def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None
         "composite_path": str(target),
         "parent_versions": {**parent_versions, registry.ROUTER_MODEL: router.version},
         "routing": {**summary, "val": routing},
-        "mlflow_run": run.info.run_id,
+        "mlflow_run": fit_run,
     }
+
+
+def _experts(adapters: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """The composite's experts by capability: capability, registered model name and version."""
+    return {a["capability"]: {"capability": a["capability"], "model_name": a["model_name"],
+                              "model_version": str(a["model_version"])} for a in adapters}
+
+
+def _fit_and_save(paths: config.Paths, adapters: list[dict[str, Any]], base_dir: Path, base_model: str,
+                  base_ref: str, params: dict[str, Any], key: str,
+                  target: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]], float]:
+    """Build the composite, fit its routers, trace val routing and save it to ``target`` (atomically);
+    returns the fit (``FitResult.to_dict()``), the val routing summary and the tracing seconds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from traceops.moe import FitConfig, build_moe, evaluate_routing, fit_router, save_moe
+
+    capabilities = [a["capability"] for a in adapters]
+    seed = int(params["seed"])
+    folders = {a["capability"]: _adapter_folder(paths, a) for a in adapters}
+    tokenizer = _tokenizer(next(iter(folders.values())), base_dir)
+    train = {c: _demonstrations(paths.environments / c, c, "train", params["train_examples"], seed)
+             for c in capabilities}
+    val = {c: _demonstrations(paths.environments / c, c, "val", params["val_examples"], seed)
+           for c in capabilities}
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).eval()
+    moe = build_moe(model, folders, top_k=int(params["top_k"]), null_expert=bool(params["null_expert"]),
+                    mode=str(params["mode"]), router_seed=seed, base_weights_hash=base_ref)
+    fit_config = FitConfig(
+        steps=int(params["steps"]), batch_size=int(params["batch_size"]),
+        learning_rate=float(params["learning_rate"]), max_length=int(params["max_length"]),
+        route_weight=float(params["route_weight"]), lm_weight=float(params["lm_weight"]),
+        balance_weight=float(params["balance_weight"]), z_weight=float(params["z_weight"]),
+        heldout_fraction=float(params["heldout_fraction"]), seed=seed)
+    fit = fit_router(moe, tokenizer, train, fit_config)
+    tick = time.perf_counter()
+    routing = evaluate_routing(moe, tokenizer, {c: rows for c, rows in val.items() if rows},
+                               max_length=int(params["max_length"]), batch_size=int(params["batch_size"]))
+    trace_seconds = time.perf_counter() - tick
+    fitted = fit.to_dict()
+    info = {
+        "key": key, "base_model": base_model, "base_model_ref": base_ref, "experts": _experts(adapters),
+        "top_k": moe.top_k, "mode": moe.mode, "null_expert": moe.config.null_expert,
+        "fit": {k: v for k, v in fitted.items() if k != "losses"},
+    }
+    with atomic_folder(target) as tmp:
+        save_moe(moe, tmp)
+        # The chat template the experts were trained with travels with the composite.
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / COMPOSITE_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return fitted, routing, trace_seconds
 
 
 def _base_arg(base_model: str) -> str | None:

@@ -79,29 +79,16 @@ def close_abandoned_runs(paths: config.Paths, key: str, keep: str) -> list[str]:
     return closed
 
 
-def find_version(paths: config.Paths, name: str, adapter_hash: str) -> Any | None:
-    """The registered version of ``name`` whose adapter folder hash is ``adapter_hash``, if any."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(paths.mlflow_uri, paths.mlflow_uri)
-    try:
-        found = client.search_model_versions(
-            f"name = '{name}' and tags.`{TAG_ADAPTER_HASH}` = '{adapter_hash}'")
-    except MlflowException:
-        return None
-    return min(found, key=lambda v: int(v.version)) if found else None
-
-
 def register_once(paths: config.Paths, folder: Path, capability: str, lineage: dict[str, str],
                   base_model: str) -> dict[str, str]:
     """Register ``folder`` as a version of ``traceops.adapter.<capability>`` unless a version with the same
     adapter content hash exists; returns {"name", "version", "run_id", "adapter_hash"}."""
     name = registry.adapter_model_name(capability)
     adapter_hash = folder_hash(folder)
-    existing = find_version(paths, name, adapter_hash)
+    registry.configure(paths)
+    existing = registry.find_tagged_version(name, TAG_ADAPTER_HASH, adapter_hash)
     if existing is not None:
-        return {"name": name, "version": str(existing.version), "run_id": existing.run_id or "",
+        return {"name": name, "version": existing.version, "run_id": existing.run_id,
                 "adapter_hash": adapter_hash, "reused": "true"}
     ref = registry.register_adapter(folder, capability, lineage, base_model=base_model,
                                     extra_tags={TAG_ADAPTER_HASH: adapter_hash})

@@ -139,3 +139,46 @@ def test_route_params_refuse_unknown_keys(home: Path) -> None:
     (home / "params.yaml").write_text(yaml.safe_dump({"route": {"top_k": 3, "steps": 5}}))
     params = route_params(config.load(home), {"batch_size": 2}, mode="request")
     assert params == {**ROUTE_DEFAULTS, "top_k": 3, "steps": 5, "batch_size": 2, "mode": "request"}
+
+
+@pytest.mark.slow
+def test_route_rerun_after_lost_result_or_folder_reuses_the_registered_versions(
+    route_home: Path, tiny_model_dir: Path
+) -> None:
+    """A route attempt killed after registering (before Prefect stored its result) must not register a
+    second router and composite when rerun; a lost composite folder is restored from the registry."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.route import route_flow
+    from tasks.route import TAG_REUSED_RUN, TAG_ROUTE_KEY, route_task
+    from traceops.hashing import folder_hash
+
+    home = route_home
+    paths = config.load(home).paths
+    first = route_flow(home=str(home), base_model=str(tiny_model_dir))
+    composite_dir = Path(first["composite_path"])
+    fitted_hash = folder_hash(composite_dir)
+    client = MlflowClient(paths.mlflow_uri, paths.mlflow_uri)
+    assert client.get_model_version(registry.COMPOSITE_MODEL, "1").tags[TAG_ROUTE_KEY] == first["key"]
+
+    # The folder is gone: the cached result is not trusted, the task reruns and restores the folder.
+    import shutil
+
+    shutil.rmtree(composite_dir)
+    restored = route_flow(home=str(home), base_model=str(tiny_model_dir))
+    assert folder_hash(composite_dir) == fitted_hash
+
+    # No Prefect result at all (the task body runs again): still the same versions, nothing refitted.
+    rerun = route_task.fn(key=first["key"], adapters=[
+        {"capability": c, "model_name": registry.adapter_model_name(c), "model_version": "1"} for c in CAPS],
+        home=str(home), params={**ROUTE}, base_model=str(tiny_model_dir))
+    for again in (restored, rerun):
+        assert again["router"] == first["router"] and again["composite"] == first["composite"]
+        assert again["parent_versions"] == first["parent_versions"]
+        assert again["mlflow_run"] == first["mlflow_run"]  # the run that fitted (metrics, routing.json)
+        assert again["routing"] == first["routing"]
+    for name in (registry.ROUTER_MODEL, registry.COMPOSITE_MODEL):
+        assert [str(v.version) for v in client.search_model_versions(f"name = '{name}'")] == ["1"]
+    reusing = client.search_runs([client.get_experiment_by_name(registry.experiment_name("route"))
+                                  .experiment_id], f"tags.`{TAG_REUSED_RUN}` = '{first['mlflow_run']}'")
+    assert len(reusing) == 2 and all(r.info.status == "FINISHED" for r in reusing)

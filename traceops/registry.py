@@ -267,7 +267,8 @@ def register_adapter(adapter_dir: str | Path, capability: str, lineage: dict[str
 
 
 def _register_composite_as(name: str, composite_dir: str | Path, lineage: dict[str, str],
-                           parent_versions: dict[str, str], base_model: str | None) -> ModelRef:
+                           parent_versions: dict[str, str], base_model: str | None,
+                           extra_tags: dict[str, str] | None) -> ModelRef:
     config_file = Path(composite_dir) / "moe_config.json"
     if not config_file.is_file():
         raise ConfigError(f"{composite_dir} has no moe_config.json; save the composite with "
@@ -277,24 +278,40 @@ def _register_composite_as(name: str, composite_dir: str | Path, lineage: dict[s
     recorded = json.loads(config_file.read_text()).get("base_model")
     parents = json.dumps({str(k): str(v) for k, v in sorted(parent_versions.items())}, sort_keys=True)
     return _register(name, "composite", composite_dir, "composite", lineage, recorded, base_model,
-                     {TAG_PARENT_VERSIONS: parents}, {})
+                     {TAG_PARENT_VERSIONS: parents, **(extra_tags or {})}, {})
 
 
 def register_router(composite_dir: str | Path, lineage: dict[str, str], parent_versions: dict[str, str], *,
-                    base_model: str | None = None) -> ModelRef:
+                    base_model: str | None = None, extra_tags: dict[str, str] | None = None) -> ModelRef:
     """Register the fitted router as ``traceops.router`` (inside the active run).
 
     A router only runs with its experts, so its version holds the composite folder (routers plus
-    stacked experts); logged once per run and shared with ``register_composite``.
+    stacked experts); logged once per run and shared with ``register_composite``. ``extra_tags`` are
+    set in the same registration call.
     """
-    return _register_composite_as(ROUTER_MODEL, composite_dir, lineage, parent_versions, base_model)
+    return _register_composite_as(ROUTER_MODEL, composite_dir, lineage, parent_versions, base_model,
+                                  extra_tags)
 
 
 def register_composite(composite_dir: str | Path, lineage: dict[str, str], parent_versions: dict[str, str],
-                       *, base_model: str | None = None) -> ModelRef:
+                       *, base_model: str | None = None,
+                       extra_tags: dict[str, str] | None = None) -> ModelRef:
     """Register the composite (save_moe folder; base referenced, not logged) as ``traceops.composite``
     with ``parent_versions`` (e.g. adapters and the router) in ``traceops.parent_versions``."""
-    return _register_composite_as(COMPOSITE_MODEL, composite_dir, lineage, parent_versions, base_model)
+    return _register_composite_as(COMPOSITE_MODEL, composite_dir, lineage, parent_versions, base_model,
+                                  extra_tags)
+
+
+def find_tagged_version(name: str, tag: str, value: str) -> ModelRef | None:
+    """The oldest version of ``name`` whose tag ``tag`` equals ``value`` (None when there is none or the
+    model is not registered): how a rerun finds what an interrupted attempt already registered."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = _versions(name, f"tags.`{tag}` = '{value}'")
+    except MlflowException:
+        return None
+    return _ref(found[-1]) if found else None
 
 
 def get_version(name: str, version: str) -> ModelRef:
