@@ -1,5 +1,6 @@
-"""Rollouts against the environment verifier: greedy evaluation, the single-turn GRPO reward, and the
-wrapper that lets TRL's ``environment_factory`` reset our environments from a dataset row.
+"""Rollouts against the environment verifier: greedy evaluation (through the agent loop), the
+single-turn GRPO reward, and the wrapper that lets TRL's ``environment_factory`` reset our
+environments from a dataset row.
 
 Tool calls are read with ``traceops.model.toolcalls.parse_tool_calls`` and dispatched with
 ``Environment.call_tool`` (never ``eval``), exactly as the agent loop does at inference.
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceops.envs.base import AssistantTurn, Call, Environment, play
-from traceops.model.toolcalls import parse_tool_calls, render_prompt
-from traceops.train.data import EnvironmentSet, system_prompt
+from traceops.model.toolcalls import parse_tool_calls
+from traceops.train.data import EnvironmentSet
 
 SUCCESS_THRESHOLD = 1.0 - 1e-6
 
@@ -40,78 +41,39 @@ def parse_turn(text: str) -> AssistantTurn:
     return AssistantTurn(content=parsed.content or None, calls=calls)
 
 
-def generate_greedy(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int,
-                    batch_size: int = 16) -> list[str]:
-    """Greedy completions of rendered prompts, batched with left padding; special tokens stripped."""
-    import torch
-
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    outputs: list[str] = []
-    try:
-        for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start:start + batch_size]
-            encoded = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
-            encoded = {k: v.to(model.device) for k, v in encoded.items()}
-            with torch.no_grad():
-                generated = model.generate(**encoded, max_new_tokens=max_new_tokens, do_sample=False,
-                                           pad_token_id=tokenizer.pad_token_id)
-            new = generated[:, encoded["input_ids"].shape[1]:]
-            outputs += tokenizer.batch_decode(new, skip_special_tokens=True)
-    finally:
-        tokenizer.padding_side = side
-    return outputs
-
-
-def rollout_rewards(model: Any, tokenizer: Any, factory: Callable[[], Environment],
-                    tasks: list[dict[str, Any]], max_turns: int, max_new_tokens: int) -> list[float]:
-    """Greedy multi-turn episodes (up to ``max_turns`` assistant turns each), all tasks advanced together.
-
-    A turn with calls gets the tool results back; a turn without calls goes to ``env.respond`` and the
-    episode ends when it answers None. The reward is the verifier's ``get_reward`` at the end.
-    """
-    envs = [factory() for _ in tasks]
-    conversations = []
-    for env, task in zip(envs, tasks, strict=True):
-        observation = env.reset(**task)
-        conversations.append([{"role": "system", "content": system_prompt(env)},
-                              {"role": "user", "content": observation}])
-    tools = envs[0].tool_specs() if envs else []
-    active = list(range(len(tasks)))
-    was_training = model.training
-    model.eval()
-    try:
-        for _ in range(max_turns):
-            if not active:
-                break
-            prompts = [render_prompt(tokenizer, conversations[i], tools) for i in active]
-            texts = generate_greedy(model, tokenizer, prompts, max_new_tokens)
-            still = []
-            for i, text in zip(active, texts, strict=True):
-                turn = parse_turn(text)
-                conversations[i].append({"role": "assistant", "content": text.strip()})
-                if turn.calls:
-                    for call in turn.calls:
-                        result = envs[i].call_tool(call.name, dict(call.arguments))
-                        conversations[i].append({"role": "tool", "content": result})
-                    still.append(i)
-                    continue
-                reply = envs[i].respond(text.strip())
-                if reply is not None:
-                    conversations[i].append({"role": "user", "content": reply})
-                    still.append(i)
-            active = still
-    finally:
-        model.train(was_training)
-    return [float(env.get_reward()) for env in envs]
-
-
 def evaluate(model: Any, tokenizer: Any, env_set: EnvironmentSet, split: str, limit: int, max_turns: int,
              max_new_tokens: int) -> EvalResult:
-    """Greedy success rate on the first ``limit`` tasks of ``split`` (n=0 and success 0 when it is empty)."""
+    """Greedy success rate on the first ``limit`` tasks of ``split`` (n=0 and success 0 when it is empty).
+
+    The episodes run through the agent loop the evaluate stage uses (``agent.run_episodes`` over a
+    ``TrainedChatModel``): the same prompts, history form, tool dispatch and end-of-episode rules, so
+    the val/test numbers a training run records are measured exactly as the night's evaluation measures
+    them. The model's train/eval mode is restored afterwards.
+    """
+    from traceops.agent import run_episodes
+    from traceops.model.adapted import TrainedChatModel
+    from traceops.model.base import GenerationConfig, ModelInfo
+
     tasks = env_set.tasks(split)[:limit]
     if not tasks:
         return EvalResult(split=split, n=0, success=0.0, mean_reward=0.0)
-    rewards = rollout_rewards(model, tokenizer, env_set.factory, tasks, max_turns, max_new_tokens)
+    # A PEFT wrapper's LoRA layers live inside its base model: generating through the base keeps the
+    # adapter and the full transformers forward signature (``logits_to_keep`` for the prefix pass).
+    network = model.get_base_model() if hasattr(model, "get_base_model") else model
+    was_training = network.training
+    # In-memory weights still being trained: the info names them, lineage is the training run's job.
+    info = ModelInfo(model_id="training-eval", weights_hash="in-memory")
+    # Plain or unmerged-LoRA weights: a token's keys and values depend on earlier tokens only, so the
+    # shared system + tools prefix is computed once per batch and reused (exact; see LocalChatModel).
+    chat = TrainedChatModel.from_objects(network, tokenizer, info, batch_size=min(len(tasks), 16),
+                                         prefix_cache=True)
+    try:
+        trajectories = run_episodes(chat, env_set.factory, tasks, max_turns=max_turns,
+                                    config=GenerationConfig(max_new_tokens=max_new_tokens),
+                                    batch_size=chat.batch_size, domain=f"env:{split}")
+    finally:
+        network.train(was_training)
+    rewards = [float(t.outcome.reward or 0.0) for t in trajectories]
     wins = sum(1 for reward in rewards if reward >= SUCCESS_THRESHOLD)
     return EvalResult(split=split, n=len(tasks), success=wins / len(tasks),
                       mean_reward=sum(rewards) / len(rewards))
