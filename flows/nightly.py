@@ -50,12 +50,13 @@ def capability_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Per selected capability: coverage and delta from the diagnosis, success of the base model, of the
     capability's own adapter and of the composite on its held-out split."""
     models = (result.get("evaluate") or {}).get("models", {})
-    base = models.get("base", {}).get("per_capability", {})
-    composite = models.get("composite", {}).get("per_capability", {})
+    # Each role's summary (tasks.evaluate.role_summary) holds success per capability under "success".
+    base = models.get("base", {}).get("success") or {}
+    composite = models.get("composite", {}).get("success") or {}
     rows = []
     for row in result["diagnose"]["selected"]:
         cap = row["capability"]
-        adapter = models.get(f"adapter:{cap}", {}).get("per_capability", {})
+        adapter = models.get(f"adapter:{cap}", {}).get("success") or {}
         rows.append({"capability": cap, "coverage": row["coverage"], "delta": row["delta"],
                      "base": base.get(cap), "adapter": adapter.get(cap), "composite": composite.get(cap)})
     return rows
@@ -82,7 +83,7 @@ def night_summary_markdown(result: dict[str, Any]) -> str:
     if models:
         before = models.get("base", {}).get("repeat_failure_rate")
         after = models.get("composite", {}).get("repeat_failure_rate")
-        overall = {role: m.get("overall") for role, m in models.items()}
+        overall = {role: m.get("success_overall") for role, m in models.items()}
         lines += ["", f"Repeat-failure rate: before {_fmt(before)}, after {_fmt(after)}.",
                   "Overall success: " + ", ".join(f"{r} {_fmt(v)}" for r, v in sorted(overall.items())) + "."]
     promote = result.get("promote") or {}

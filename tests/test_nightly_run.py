@@ -67,8 +67,14 @@ def test_two_nights_train_route_evaluate_promote_then_change_nothing(home: Path,
     versions = registered_versions(home)
     assert versions == {**{f"traceops.adapter.{c}": 1 for c in PLANTED}, "traceops.router": 1,
                         "traceops.composite": 1}
-    assert (home / "data" / "eval" / "eval.json").exists()
     assert (home / "data" / "eval" / "report.html").exists()
+    # The closing table's success numbers are the evaluation's: base, own adapter, composite per capability.
+    evaluated = json.loads((home / "data" / "eval" / "eval.json").read_text())["models"]
+    for row in first["capabilities"]:
+        cap = row["capability"]
+        for column, role in (("base", "base"), ("adapter", f"adapter:{cap}"), ("composite", "composite")):
+            assert row[column] == evaluated[role]["envs"]["capabilities"][cap]["success"], (cap, column)
+            assert 0.0 <= row[column] <= 1.0
     # A random-init base learns nothing in two steps: the gates must judge, not rubber-stamp.
     assert isinstance(first["promoted"], bool)
 
