@@ -172,6 +172,37 @@ def test_composite_model_generates_like_the_moe_it_loads(
     assert completion.text == chat.tokenizer.decode(expected, skip_special_tokens=True)
 
 
+def test_composite_prefix_cache_is_exact_in_token_mode_and_off_in_request_mode(
+    tiny_model_dir: Path, adapter_dir: Path, tmp_path: Path
+) -> None:
+    """Token routing reads each token's own block input, so the shared-prefix KV cache gives the tokens
+    of uncached generation, turn after turn; a request-mode composite (one decision from the whole
+    prompt) does not use the cache."""
+    from transformers import AutoModelForCausalLM
+
+    from traceops.model.adapted import TrainedChatModel
+    from traceops.moe import build_moe, save_moe
+
+    second = random_adapter(tiny_model_dir, tmp_path / "second", seed=2)
+    experts = {"first": adapter_dir, "second": second}
+    system = "You are a retail support agent. Look orders up before you answer, and follow the policy. " * 4
+    conversations = [[{"role": "system", "content": system}, {"role": "user", "content": text}]
+                     for text in ("Cancel order 5", "Where is my parcel?", "hi")]
+    config = GenerationConfig(max_new_tokens=8)
+    for mode in ("token", "request"):
+        base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+        folder = save_moe(build_moe(base, experts, top_k=1, mode=mode), tmp_path / f"composite-{mode}")
+        chat = load_composite_model(tiny_model_dir, folder, batch_size=3)
+        assert chat.prefix_cache == (mode == "token")
+        plain = TrainedChatModel.from_objects(chat.model, chat.tokenizer, chat.info, batch_size=3)
+        first = chat.complete(conversations, config=config)
+        assert first == plain.complete(conversations, config=config)
+        turn = [c + [{"role": "assistant", "content": done.text}, {"role": "user", "content": "and?"}]
+                for c, done in zip(conversations, first, strict=True)]
+        assert chat.complete(turn, config=config) == plain.complete(turn, config=config)
+        assert (chat._prefix is not None) == (mode == "token")  # the cache was really used
+
+
 def test_bad_folders_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="not a PEFT adapter folder"):
         load_adapter_model(tiny_model_dir, tmp_path)

@@ -189,7 +189,10 @@ def load_composite_model(base_model_dir: str | Path, composite_dir: str | Path,
                "composite_dir": str(folder), "experts": list(moe.config.experts),
                "top_k": moe.config.top_k, "mode": moe.config.mode, "weights_file": WEIGHTS_NAME},
     )
-    # The HF model itself carries the routed layers and hooks: generate through it directly.
-    chat = TrainedChatModel.from_objects(moe.model, _tokenizer(base_dir, folder), info, batch_size)
+    # The HF model itself carries the routed layers and hooks: generate through it directly. Token routing
+    # reads each token's own block input, so a token's keys and values still depend on earlier tokens only
+    # and the shared-prefix cache is exact; a request-mode decision pools the whole prompt, so it is not.
+    chat = TrainedChatModel.from_objects(moe.model, _tokenizer(base_dir, folder), info, batch_size,
+                                         prefix_cache=moe.config.mode == "token")
     chat.composite = moe
     return chat
