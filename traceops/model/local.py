@@ -5,9 +5,11 @@ Agent prompts are mostly one long shared prefix (system prompt plus the tools' J
 ``prefix_cache`` on (the default for models loaded from a folder), a batch's longest common token
 prefix is run through the model once, at batch 1, and its keys and values are kept: later batches
 that start with the same tokens (the next turn, the next episode) reuse them and only compute what
-is new. Each batch then starts from that cache copied to every row, laid out as
-``[shared prefix][padding][row's own tokens]``; position ids come from the attention mask, so every
-token sits at the position it has in the uncached, left-padded batch. The cache grows in place in
+is new. A batch is laid out as ``[shared prefix][padding][row's own tokens]``; position ids come
+from the attention mask, so every token sits at the position it has in the uncached, left-padded
+batch. Under SDPA the prefix's keys and values stay at batch 1 and attention is split into a prefix
+part read once for all rows and each row's own part (``shared_prefix``); otherwise, and for a batch
+of one, the prefix is copied to every row. The cache grows in place in
 preallocated room (``GrowingLayer``) instead of concatenating the whole cache every new token.
 Greedy output is the same tokens as without the cache (tested on the tiny and the embedded model).
 
@@ -19,6 +21,7 @@ unknown id or an offline machine fails at once with a message saying what to pas
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -29,6 +32,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from traceops.errors import ModelError
+from traceops.model import shared_prefix
 from traceops.model.base import Completion, GenerationConfig, ModelInfo
 from traceops.model.embedded import read_manifest, safetensors_hash
 from traceops.model.toolcalls import render_prompt
@@ -288,13 +292,30 @@ class LocalChatModel:
         """A DynamicCache of ``GrowingLayer``s holding ``prefix`` (copied to ``batch`` rows)."""
         from transformers import DynamicCache
 
-        growing = _growing_layer_class()
+        growing = growing_layer_class()
         cache = DynamicCache(config=self.model.config)
         if prefix is None:
             cache.layers = [growing(capacity) for _ in cache.layers]
         else:
             cache.layers = [growing(capacity, k, v, batch) for k, v in prefix]
         return cache
+
+    def _batch_cache(self, prefix: list[tuple[Any, Any]] | None, batch: int,
+                     capacity: int) -> tuple[Any, contextlib.AbstractContextManager[Any]]:
+        """The cache a batch of ``batch`` rows starts from, and the context to generate in.
+
+        Several rows behind a prefix, on SDPA: the prefix stays at batch 1, read once per step for all
+        rows (``shared_prefix``). One row, or another attention: the prefix copied into each row
+        (at batch 1 the copy is cheaper than splitting attention in two).
+        """
+        if prefix is not None and batch > 1 and shared_prefix.supported(self.model):
+            from transformers import DynamicCache
+
+            own = capacity - prefix[0][0].shape[-2]
+            cache = DynamicCache(config=self.model.config)
+            cache.layers = [shared_prefix.shared_prefix_layer(own, k, v) for k, v in prefix]
+            return cache, shared_prefix.attention_over(self.model, cache)
+        return self._growing_cache(prefix, batch=batch, capacity=capacity), contextlib.nullcontext()
 
     def _generate_with_prefix(self, prompts: list[str], hf_config: Any, extra: dict[str, Any],
                               device: Any) -> tuple[list[list[int]], list[int]]:
@@ -317,9 +338,10 @@ class LocalChatModel:
             input_ids[i, width - len(own):] = torch.tensor(own, dtype=torch.long)
             mask[i, :shared] = 1
             mask[i, width - len(own):] = 1
-        cache = self._growing_cache(prefix, batch=len(rows), capacity=width + hf_config.max_new_tokens)
-        output = self.model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
-                                     cache=cache, generation_config=hf_config, **extra)
+        cache, attention = self._batch_cache(prefix, len(rows), width + hf_config.max_new_tokens)
+        with attention:
+            output = self.model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
+                                         cache=cache, generation_config=hf_config, **extra)
         return output[:, width:].tolist(), [len(row) for row in rows]
 
     def _finish(self, row: list[int], prompt_length: int, eos: set[int],
@@ -351,7 +373,7 @@ class _StoredPrefix:
 
 
 @lru_cache(maxsize=1)
-def _growing_layer_class() -> type:
+def growing_layer_class() -> type:
     """``GrowingLayer``, built on first use (transformers is imported lazily)."""
     from transformers.cache_utils import DynamicLayer
 
