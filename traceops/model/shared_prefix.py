@@ -4,7 +4,7 @@ Agent prompts in a batch share a long prefix (system prompt plus tool schemas: a
 tokens in the retail domain). Copying its keys and values to every row costs a copy per row per
 batch, and every decoding step then reads the copies: on a CPU that memory traffic, not the
 arithmetic, dominates batched generation. Here the prefix stays at batch 1 and attention is split
-in two (cascade attention): every row's queries attend to the prefix in one matrix product (the
+in two (cascade attention): every row's queries attend to the prefix in one attention call (the
 rows folded into the query length, so the prefix is read once), each row attends to its own tokens
 under its own mask, and the two partial results are merged exactly through their log-sum-exp.
 
