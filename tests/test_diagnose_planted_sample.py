@@ -22,6 +22,7 @@ from traceops.schema import Message, Outcome, Source, Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "raw" / "sample" / "planted-retail.jsonl"
+PLANTED_AGENT = "traceops/planted-gap-agent"
 
 
 def _params() -> tuple[DiagnoseParams, int]:
@@ -99,3 +100,24 @@ def test_replay_is_none_when_not_replayable() -> None:
     unknown = Trajectory(task_id="nope", domain="retail", messages=msgs, source=src, outcome=Outcome())
     assert traceops.domains.replay_fn(other, 1) is None
     assert traceops.domains.replay_fn(unknown, 1) is None
+
+
+def test_whole_sample_selects_each_agents_own_gaps() -> None:
+    # The whole bundled sample, the nightly's input: 80 real episodes of the embedded model (4 succeed)
+    # beside the planted agent's 320. Pooled, the embedded failures would dilute the planted gaps below
+    # ρ and δ; per agent, each keeps its own gaps.
+    trajectories = list(iter_items(sorted(SAMPLE.parent.glob("*.jsonl"))))
+    agents = Counter(t.agent for t in trajectories)
+    assert len(agents) == 2 and agents[PLANTED_AGENT] == 320
+    params, seed = _params()
+    d = diagnose(trajectories, params, seed=seed)
+    planted = set(_planted(trajectories))
+    assert d.selection.mode == "per_agent" and set(d.selection.by_agent) == set(agents)
+    assert set(d.selection.by_agent[PLANTED_AGENT].selected) == planted
+    embedded = next(a for a in agents if a != PLANTED_AGENT)
+    own = set(d.selection.by_agent[embedded].selected)
+    assert own and set(d.selected) == planted | own
+    for score in d.selection.scores:
+        assert set(score.selected_for) == {a for a, sel in d.selection.by_agent.items()
+                                           if score.capability in sel.selected}
+    assert "By agent" in render_report(d) and d.capabilities_json()["by_agent"][PLANTED_AGENT]["selected"]

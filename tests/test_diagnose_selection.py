@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import fisher_exact
 
-from traceops.diagnose.selection import SelectionParams, select
+from traceops.diagnose.selection import SelectionParams, select, select_by_agent
 
 CAPS = ["a", "b", "c"]
 
@@ -106,3 +106,30 @@ def test_k_scales_to_the_number_of_runs() -> None:
     # Default bar 8 of 10 becomes ceil(8 * 3 / 10) = 3 of 3 runs.
     assert select([lack, lack, lack], out, CAPS).selected == ["a"]
     assert select([lack, lack, noisy], out, CAPS).selected == []
+
+
+def test_each_agent_is_contrasted_with_its_own_successes() -> None:
+    # Agent "good": a's gap in 6 of 10 failures, none of 10 successes. Agent "weak": 40 failures lacking
+    # only b, 5 successes. Pooled, a's coverage is 6/50 and Δ 0.12 < δ: the weak agent dilutes it away.
+    good_lack, good_out = matrix([(1, 0, 0)] * 6 + [(0, 0, 0)] * 4, [(0, 0, 0)] * 10)
+    weak_lack, weak_out = matrix([(0, 1, 0)] * 40, [(0, 0, 0)] * 5)
+    lack = np.concatenate([good_lack, weak_lack])
+    outcomes, agents = good_out + weak_out, ["good"] * 20 + ["weak"] * 45
+    params = SelectionParams(seed=3)
+    assert "a" not in select([lack], outcomes, CAPS, params).selected
+    sel = select_by_agent([lack], outcomes, agents, CAPS, params)
+    assert sel.mode == "per_agent" and sorted(sel.selected) == ["a", "b"]
+    assert sel.by_agent["good"].selected == ["a"] and sel.by_agent["weak"].selected == ["b"]
+    s = by_cap(sel)
+    assert s["a"].selected_for == ("good",) and s["b"].selected_for == ("weak",) and s["c"].selected_for == ()
+    assert s["a"].n_failures == 50 and s["a"].coverage == pytest.approx(6 / 50)  # pooled statistics kept
+    assert s["a"].score == pytest.approx(by_cap(sel.by_agent["good"])["a"].score)
+
+
+def test_one_agent_is_plain_selection() -> None:
+    lack, out = table()
+    params = SelectionParams(seed=1)
+    one = select_by_agent([lack], out, ["x"] * len(out), CAPS, params)
+    assert one.scores == select([lack], out, CAPS, params).scores and one.by_agent == {}
+    with pytest.raises(ValueError, match="agent ids"):
+        select_by_agent([lack], out, ["x"], CAPS, params)

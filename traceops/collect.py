@@ -7,8 +7,8 @@ an endpoint URL) or ``planted`` for the planted-gap agent (ground-truth capabili
     traceops collect --domain retail --model planted --tasks 320 --seed 0 --out data/raw/sample \
         --rates '{"tool_call_format": 0.16, "argument_grounding": 0.15, "policy_adherence": 1.0,
                   "error_recovery": 1.0}'
-    traceops collect --domain retail --model embedded --tasks 17 --max-turns 2 \
-        --max-new-tokens 48 --batch-size 17 --out data/raw/sample
+    traceops collect --domain retail --model embedded --tasks 80 --max-turns 2 \
+        --max-new-tokens 48 --batch-size 16 --out data/raw/sample
 """
 
 from __future__ import annotations

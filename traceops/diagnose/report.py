@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from traceops.diagnose.run import Diagnosis
+from traceops.diagnose.selection import Selection
 
 PALETTE = (
     "#4e79a7",
@@ -45,22 +46,33 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}g}" if abs(value) < 1e-3 and value != 0 else f"{value:.{digits}f}"
 
 
-def gap_table(d: Diagnosis) -> str:
-    """The table of every scored capability, selected ones first."""
+def gap_table(d: Diagnosis, selection: Selection | None = None, table_id: str = "gap-table") -> str:
+    """The table of every scored capability, selected ones first (``selection``: default the night's)."""
     rows = [
         "<tr><th>capability</th><th>selected</th><th>Cov</th><th>Δ</th><th>CI</th><th>p</th>"
         "<th>K/N</th><th>lacking in failures</th><th>lacking in successes</th></tr>"
     ]
-    for s in d.selection.scores:
+    for s in (selection or d.selection).scores:
         ci = f"[{_fmt(s.ci[0])}, {_fmt(s.ci[1])}]" if s.ci else "–"
+        mark = ("for " + ", ".join(s.selected_for)) if s.selected_for else "yes"
         rows.append(
             f'<tr class="{"sel" if s.selected else ""}"><td>{_e(s.capability)}</td>'
-            f"<td>{'yes' if s.selected else ''}</td><td>{_fmt(s.coverage)}</td><td>{_fmt(s.delta)}</td>"
+            f"<td>{_e(mark) if s.selected else ''}</td><td>{_fmt(s.coverage)}</td><td>{_fmt(s.delta)}</td>"
             f"<td>{ci}</td><td>{_fmt(s.p_value)}</td>"
             f"<td>{s.stable_runs}/{s.n_runs}</td><td>{s.lacking_failures}/{s.n_failures}</td>"
             f"<td>{s.lacking_successes}/{s.n_successes}</td></tr>"
         )
-    return '<table id="gap-table">' + "".join(rows) + "</table>"
+    return f'<table id="{table_id}">' + "".join(rows) + "</table>"
+
+
+def agent_tables(d: Diagnosis) -> str:
+    """One gap table per agent when the logs hold several (each agent is selected on its own)."""
+    out = []
+    for i, (agent, sel) in enumerate(d.selection.by_agent.items()):
+        chosen = ", ".join(_e(c) for c in sel.selected) or "none"
+        out.append(f"<h3>{_e(agent)}</h3><p>Mode: {_e(sel.mode)}. Selected: <b>{chosen}</b></p>"
+                   f"{gap_table(d, sel, f'gap-table-agent-{i}')}")
+    return "".join(out)
 
 
 def delta_chart(d: Diagnosis, width: int = 640, bar: int = 22) -> str:
@@ -199,12 +211,14 @@ def render_report(d: Diagnosis) -> str:
     att_rows = "".join(
         f"<tr><td>{_e(k)}</td><td>{v}</td></tr>" for k, v in sorted(by_cap.items(), key=lambda x: -x[1])
     )
+    by_agent = f'<h2 id="agents">By agent</h2>{agent_tables(d)}' if d.selection.by_agent else ""
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>traceops diagnosis</title>'
         f"<style>{CSS}</style></head><body>"
         f"<h1>traceops diagnosis</h1><p>{counts}. Mode: {_e(d.selection.mode)}. Seed {d.seed}.</p>"
         f"<p>Selected capabilities: <b>{selected}</b></p>{warns}"
         f'<h2 id="gaps">Capability gaps</h2>{gap_table(d)}'
+        f"{by_agent}"
         f'<h2 id="delta">Contrastive gap Δ with {int(d.params.selection.ci_level * 100)}% CI</h2>'
         f"{delta_chart(d)}"
         f'<h2 id="clusters">Failure clusters</h2>{cluster_map(d)}{cluster_table(d)}'

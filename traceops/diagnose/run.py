@@ -24,7 +24,7 @@ from traceops.diagnose.label_rule import RuleLabeler
 from traceops.diagnose.label_stream import Lacking
 from traceops.diagnose.labels import Labeler
 from traceops.diagnose.segments import render_message, segment
-from traceops.diagnose.selection import Selection, SelectionParams, select
+from traceops.diagnose.selection import Selection, SelectionParams, select_by_agent
 from traceops.diagnose.stream import TrajectorySource, as_source, revisit, scan
 from traceops.errors import ConfigError, StageError
 from traceops.model.base import ChatModel
@@ -147,6 +147,11 @@ class Diagnosis:
                     for c in self.selected
                 ],
                 "scores": [s.to_dict() for s in self.selection.scores],
+                "by_agent": {
+                    name: {"mode": sel.mode, "selected": sel.selected, "warnings": sel.warnings,
+                           "scores": [s.to_dict() for s in sel.scores]}
+                    for name, sel in self.selection.by_agent.items()
+                },
                 "by_labeler": {
                     name: {"selected": sel.selected, "scores": [s.to_dict() for s in sel.scores]}
                     for name, sel in self.by_labeler.items()
@@ -290,8 +295,10 @@ def diagnose(
     found = scan(source, [_labeler(spec, p, chat_model, seed) for spec in labelers], caps, p.min_severity,
                  batch_size)
     outcomes = found.outcomes
-    by_labeler = {ls.labeler: select(ls.runs, outcomes, caps, p.selection) for ls in found.lacking}
-    selection = select(_combine(found.lacking, p.combine), outcomes, caps, p.selection)
+    agents = found.agents
+    by_labeler = {ls.labeler: select_by_agent(ls.runs, outcomes, agents, caps, p.selection)
+                  for ls in found.lacking}
+    selection = select_by_agent(_combine(found.lacking, p.combine), outcomes, agents, caps, p.selection)
     chosen = set(selection.selected)
     attributions = [
         attribute_hits(f.trajectory_id, f.task_id, f.hits, f.names, chosen, p.attribution_strategy,

@@ -18,12 +18,19 @@ c is selected when Cov >= ρ, Δ >= δ, K >= ``stable_k`` (and p <= ``p_max`` wh
 Trajectories without an outcome are excluded and counted. With fewer than ``min_successes`` successes
 Δ cannot be trusted: selection falls back to coverage only (Cov >= ρ, stability on Cov), Δ, CI and p
 are still reported when at least one success exists, ranking is by Cov, and a warning says so.
+
+Logs from several agents (``select_by_agent``): a gap is a property of one agent, and one agent's
+failures must be contrasted with that agent's own successes, so each agent is selected on its own
+trajectories and a capability is selected when it is selected for any agent. Pooling agents instead
+lets a weak agent's many failures dilute a strong agent's gaps below the thresholds. The pooled
+statistics are still reported, each score names the agents that selected it, ranking is by the best
+per-agent score.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -62,11 +69,13 @@ class CapabilityScore:
     n_runs: int
     selected: bool
     score: float
+    selected_for: tuple[str, ...] = ()  # the agents it was selected for (``select_by_agent``)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         out = asdict(self)
         out["ci"] = list(self.ci) if self.ci is not None else None
+        out["selected_for"] = list(self.selected_for)
         return out
 
 
@@ -78,6 +87,7 @@ class Selection:
     mode: str
     excluded_no_outcome: int
     warnings: list[str] = field(default_factory=list)
+    by_agent: dict[str, Selection] = field(default_factory=dict)
 
     @property
     def selected(self) -> list[str]:
@@ -194,3 +204,46 @@ def select(
         )
     scores.sort(key=lambda s: (not s.selected, -s.score, -s.coverage, s.capability))
     return Selection(scores, mode, excluded, warnings)
+
+
+def select_by_agent(
+    lacking_runs: list[np.ndarray],
+    outcomes: list[bool | None],
+    agents: list[str],
+    capabilities: list[str],
+    params: SelectionParams | None = None,
+) -> Selection:
+    """``select`` per agent, a capability selected when any agent selects it (see the module).
+
+    ``agents`` runs parallel to ``outcomes`` (one agent id per trajectory). With one agent this is
+    ``select``. Otherwise the result holds the pooled statistics, ``selected`` and ``selected_for`` from
+    the agents, ``by_agent`` with each agent's own selection, and each agent's warnings prefixed by it.
+    """
+    if len(agents) != len(outcomes):
+        raise ValueError(f"{len(agents)} agent ids for {len(outcomes)} outcomes")
+    names = sorted(set(agents))
+    if len(names) <= 1:
+        return select(lacking_runs, outcomes, capabilities, params)
+    pooled = select(lacking_runs, outcomes, capabilities, params)
+    labels = np.asarray(agents, dtype=object)
+    by_agent: dict[str, Selection] = {}
+    for name in names:
+        rows = np.flatnonzero(labels == name)
+        by_agent[name] = select([run[rows] for run in lacking_runs], [outcomes[i] for i in rows],
+                                capabilities, params)
+    chosen: dict[str, list[str]] = {}
+    best: dict[str, float] = {}
+    for name, sel in by_agent.items():
+        for s in sel.scores:
+            if s.selected:
+                chosen.setdefault(s.capability, []).append(name)
+                best[s.capability] = max(best.get(s.capability, -math.inf), s.score)
+    scores = [
+        replace(s, selected=s.capability in chosen, selected_for=tuple(chosen.get(s.capability, ())),
+                score=best.get(s.capability, s.score))
+        for s in pooled.scores
+    ]
+    scores.sort(key=lambda s: (not s.selected, -s.score, -s.coverage, s.capability))
+    warnings = [f"agent {name}: {w}" for name, sel in by_agent.items() for w in sel.warnings]
+    warnings.insert(0, f"{len(names)} agents in the logs: each is selected on its own trajectories.")
+    return Selection(scores, "per_agent", pooled.excluded_no_outcome, warnings, by_agent)

@@ -59,9 +59,10 @@ class Failure:
 
 @dataclass
 class Scan:
-    """The compact result of pass 1: outcomes in source order, failures, hit counts, LACKING rows."""
+    """The compact result of pass 1: outcomes and agents in source order, failures, hits, LACKING rows."""
 
     outcomes: list[bool | None] = field(default_factory=list)
+    agents: list[str] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     hit_counts: dict[str, int] = field(default_factory=dict)
     lacking: list[Lacking] = field(default_factory=list)
@@ -90,6 +91,7 @@ def scan(
         for item in items:
             t = item.trajectory
             out.outcomes.append(t.outcome.success)
+            out.agents.append(t.agent)
             for hit in item.hits:
                 out.hit_counts[hit.detector] = out.hit_counts.get(hit.detector, 0) + 1
             if t.outcome.success is False:
