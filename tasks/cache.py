@@ -5,20 +5,32 @@ stage reads (data version, parameters, upstream versions). Prefect persists the 
 that key, so a rerun with unchanged inputs returns at once. Because a stage's real outputs live outside
 Prefect (files, DVC, MLflow), the flow checks them after a cache hit and reruns the task with
 ``refresh_cache=True`` when they are gone.
+
+Every key also holds the version of the code that computes the stages (a hash of traceops' sources):
+an upgraded generator, labeler or trainer must not be answered by results of the old code.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import traceops
 from traceops.config import resolve_home
-from traceops.hashing import content_hash
+from traceops.hashing import content_hash, folder_hash
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """Hex sha256 over the relative paths and contents of the traceops package's Python sources."""
+    return folder_hash(Path(traceops.__file__).resolve().parent, "*.py")
 
 
 def stage_key(stage: str, *inputs: Any) -> str:
-    """Cache key of one stage run: the stage name plus a hash of its inputs."""
-    return f"{stage}-{content_hash(list(inputs), length=24)}"
+    """Cache key of one stage run: the stage name plus a hash of the code version and its inputs."""
+    return f"{stage}-{content_hash([code_version(), *inputs], length=24)}"
 
 
 def key_from_parameter(context: Any, parameters: dict[str, Any]) -> str:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cache import key_from_parameter, stage_key
+from tasks.cache import code_version, key_from_parameter, stage_key
 from traceops import config
+from traceops.hashing import folder_hash
 
 
 def test_cache_key_names_the_home(tmp_path: Path) -> None:
@@ -39,3 +40,21 @@ def test_same_inputs_in_two_homes_run_twice(tmp_path: Path, monkeypatch: pytest.
     assert results["a"]["mlflow_run"] != results["b"]["mlflow_run"]
     assert results["a"]["env_version"] == results["b"]["env_version"]
     assert config.load(tmp_path / "b").paths.home == (tmp_path / "b").resolve()
+
+
+def test_keys_follow_the_code_version(tmp_path: Path) -> None:
+    # The version is the package's Python sources only: compiled caches and data files do not count.
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    (package / "sub" / "b.py").write_text("y = 2\n")
+    before = folder_hash(package, "*.py")
+    (package / "sub" / "b.cpython-311.pyc").write_bytes(b"\0compiled")
+    (package / "notes.txt").write_text("not code")
+    assert folder_hash(package, "*.py") == before
+    (package / "sub" / "b.py").write_text("y = 3\n")
+    assert folder_hash(package, "*.py") != before
+    import traceops
+
+    assert code_version() == folder_hash(Path(traceops.__file__).parent, "*.py")
+    assert stage_key("route", [1]) == stage_key("route", [1]) != stage_key("route", [2])

@@ -59,11 +59,12 @@ def file_hash(path: str | Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def folder_hash(path: str | Path) -> str:
-    """Hex sha256 over the relative paths and byte hashes of every file under ``path``."""
+def folder_hash(path: str | Path, pattern: str = "*") -> str:
+    """Hex sha256 over the relative paths and byte hashes of every file under ``path`` matching
+    ``pattern`` (a ``Path.rglob`` pattern)."""
     root = Path(path)
     digest = hashlib.sha256()
-    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+    for file in sorted(p for p in root.rglob(pattern) if p.is_file()):
         digest.update(file.relative_to(root).as_posix().encode())
         digest.update(file_hash(file).encode())
     return digest.hexdigest()
