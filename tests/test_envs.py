@@ -376,3 +376,24 @@ def test_each_operator_is_exercised(grounding):
         mutated = operator(env, turns, random.Random(name), targets=targets)
         assert mutated is not None and mutated != turns, name
         assert play(env, task, mutated) < 1.0, name
+
+
+def test_policy_oracle_says_each_decision_after_reading(grounding):
+    family = get_family("policy_adherence")
+    for task in family.generate(grounding, 4, 12):
+        env = family.make_env()
+        env.reset(**task)
+        turns = env.oracle()
+        decisions = task["decisions"]
+        assert play(family.make_env(), task, turns) == 1.0
+        said = " ".join(t.content or "" for t in turns)
+        for d in decisions:  # every record's status and verdict is said in words
+            assert f"{d['key']} is {d['status']}" in said
+            assert ("allowed" if d["allowed"] else "declined") in said
+        final = turns[-1].content or ""
+        declined = [d["key"] for d in decisions if not d["allowed"]]
+        assert not turns[-1].calls and f"Declined: {', '.join(declined)}." in final
+        # An allowed write follows its verdict in the same turn; the verdict follows the read.
+        for before, turn in zip(turns, turns[1:], strict=False):
+            if turn.calls and turn.calls[0].name == "update_record":
+                assert before.calls[0].name == "get_record" and "allowed" in (turn.content or "")
