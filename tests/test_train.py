@@ -351,3 +351,28 @@ def test_save_adapter_replaces_the_folder_whole(tmp_path: Path, tiny_base: Path)
     write_json(tmp_path / "logs.json", {"step": 1})
     assert read_json(tmp_path / "logs.json") == {"step": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "logs.json"]
+
+
+def test_multi_turn_rollout_limits_leave_room_for_the_oracle_episode(tmp_path: Path, tiny_base: Path) -> None:
+    """TRL counts the completion limit over the whole episode: limits below the oracle's make reward 1.0
+    unreachable (every group constant, no gradient): they are sized to the oracle, capped by the budget."""
+    from traceops.train.grpo import multi_turn_budget
+
+    env_set = load_environment_set(write_env_set(tmp_path / "envs", OrderEnv, "name", train=4))
+    tokenizer = load_tokenizer(str(tiny_base))
+    small = BUDGETS["small"]
+    env, tools = OrderEnv(), OrderEnv().tool_specs()
+    episodes = []
+    for task in env_set.tasks("train"):
+        messages = demonstration(env, task)
+        prompt = tokenizer.apply_chat_template(messages[:2], tools=tools, tokenize=True, return_dict=True,
+                                               add_generation_prompt=True)["input_ids"]
+        full = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
+                                             return_dict=True)["input_ids"]
+        episodes.append(len(full) - len(prompt))
+    rollout = multi_turn_budget(env_set, tokenizer, small)
+    assert rollout.max_turns == 2  # the oracle's two tool-calling turns
+    assert rollout.max_completion_length > max(episodes) > small.max_completion_length // 2
+    assert multi_turn_budget(env_set, tokenizer, replace(small, max_turns=1)).max_turns == 1
+    tight = replace(small, sft_max_length=len(prompt) + 40, max_completion_length=8)
+    assert multi_turn_budget(env_set, tokenizer, tight).max_completion_length <= 40

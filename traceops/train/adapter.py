@@ -29,6 +29,7 @@ from traceops.train.data import (
     oracle_turns,
     sft_rows,
 )
+from traceops.train.grpo import multi_turn_budget
 
 LogCallback = Callable[[str, int, dict[str, float]], None]
 
@@ -109,6 +110,7 @@ def inspect_base(base_model_dir: str | Path, settings: AdapterSettings) -> dict[
         "trainable": sum(counts.values()),
         "hidden": int(text.hidden_size), "layers": int(text.num_hidden_layers),
         "heads": int(text.num_attention_heads), "vocab": int(text.vocab_size),
+        "eager_attention": int(getattr(model.config, "_attn_implementation", None) == "eager"),
     }
 
 
@@ -168,7 +170,7 @@ def prepare_training(base_model_dir: str | Path, out_dir: str | Path, budget: Bu
     base_dir = Path(base_model_dir)
     sizes = inspect_base(base_dir, settings)
     check_fits(budget, sizes["n_params"], sizes["trainable"], sizes["hidden"], sizes["layers"],
-               sizes["heads"], sizes["vocab"])
+               sizes["heads"], sizes["vocab"], eager_attention=bool(sizes["eager_attention"]))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if budget.device == "cpu":
@@ -201,6 +203,9 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
         "tasks": {split: len(env_set.tasks(split)) for split in ("train", "val", "test")},
         "environments": env_set.source,
     }
+    rollout = multi_turn_budget(env_set, tokenizer, chosen) if multi_turn else chosen
+    config["grpo_rollout"] = {"max_turns": rollout.max_turns,
+                              "max_completion_length": rollout.max_completion_length}
     key = content_hash(config)
     timings: dict[str, float] = {}
 
@@ -246,7 +251,7 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
         peft_model = PeftModel.from_pretrained(model, str(sft_dir), is_trainable=True)
         if chosen.grpo_steps > 0:
             rows = grpo_rows(env_set, tokenizer, multi_turn)
-            trainer = build_grpo_trainer(peft_model, tokenizer, env_set, rows, chosen,
+            trainer = build_grpo_trainer(peft_model, tokenizer, env_set, rows, rollout,
                                          ckpt.phase_dir(out, "grpo"), seed, multi_turn,
                                          callbacks=[_log_callback("grpo", on_log)])
             resumed["grpo"] = run_phase(trainer, out, "grpo", resume)

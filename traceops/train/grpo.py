@@ -12,11 +12,12 @@ gradient) but keeps its tokens in the loss normalizer, diluting the update of th
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from traceops.train.budgets import Budget
-from traceops.train.data import EnvironmentSet
+from traceops.train.data import EnvironmentSet, demonstration
 from traceops.train.rollouts import replay_reward, trl_environment
 
 ZERO_ADVANTAGE = 1e-6
@@ -59,6 +60,34 @@ def _trainer_class() -> type:
             return output
 
     return DroppingGRPOTrainer
+
+
+def multi_turn_budget(env_set: EnvironmentSet, tokenizer: Any, budget: Budget, sample: int = 32) -> Budget:
+    """``budget`` with rollout limits sized to the family's oracle episodes (first ``sample`` train tasks).
+
+    TRL counts ``max_completion_length`` over the whole multi-turn completion (every assistant turn and
+    tool result after the prompt) and stops after ``max_tool_calling_iterations`` tool rounds. Limits
+    below what the oracle needs make a reward of 1.0 unreachable, so every group is constant and GRPO
+    learns nothing: the completion limit is the longest oracle episode plus one turn's worth
+    (``budget.max_completion_length``), the rounds are the most tool-calling turns the oracle takes;
+    both are capped by the budget (``sft_max_length`` for the whole sequence, ``max_turns`` rounds).
+    """
+    env = env_set.factory()
+    tools = env.tool_specs()
+    longest = rounds = 0
+    room = budget.sft_max_length
+    for task in env_set.tasks("train")[:sample]:
+        messages = demonstration(env, task)
+        prompt = tokenizer.apply_chat_template(messages[:2], tools=tools, tokenize=True, return_dict=True,
+                                               add_generation_prompt=True)["input_ids"]
+        full = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
+                                             return_dict=True)["input_ids"]
+        longest = max(longest, len(full) - len(prompt))
+        calls = [m for m in messages if m["role"] == "assistant" and "<tool_call>" in m["content"]]
+        rounds = max(rounds, len(calls))
+        room = min(room, budget.sft_max_length - len(prompt))
+    completion = min(longest + budget.max_completion_length, max(room, budget.max_completion_length))
+    return replace(budget, max_completion_length=completion, max_turns=max(1, min(budget.max_turns, rounds)))
 
 
 def grpo_args(budget: Budget, output_dir: Path, seed: int, multi_turn: bool) -> Any:

@@ -34,7 +34,7 @@ def sft_args(budget: Budget, output_dir: Path, seed: int) -> Any:
         lr_scheduler_type="constant", warmup_steps=0, max_length=budget.sft_max_length,
         assistant_only_loss=True, logging_steps=1, save_strategy="steps", save_steps=budget.save_steps,
         save_total_limit=2, report_to=[], seed=seed, data_seed=seed, use_cpu=on_cpu, bf16=budget.bf16,
-        fp16=False, gradient_checkpointing=budget.gradient_checkpointing, dataloader_num_workers=0,
+        fp16=False, gradient_checkpointing=budget.sft_checkpointing, dataloader_num_workers=0,
         disable_tqdm=True, packing=False,
     )
 
