@@ -27,9 +27,10 @@ COMPOSITE_INFO = "composite.json"
 TAG_ROUTE_KEY = "traceops.route_key"
 TAG_REUSED_RUN = "traceops.reused_run"
 ROUTING_ARTIFACT = "routing.json"
-# Code defaults of params.yaml's ``route`` section. The fit settings are sized for the CPU nightly: eight
-# steps of 4 x 256 tokens over 4 experts of the embedded 135M model, about 90 CPU-seconds (under a minute
-# on 2 free cores) including the held-out and val routing passes.
+# Code defaults of params.yaml's ``route`` section. The fit settings are sized for the CPU nightly: a probe
+# phase (two forward passes over 13 whole demonstrations per capability, about 190 s for 5 experts of the
+# embedded 135M model on 2 cores), then eight steps of 4 x 256 tokens (about 40 s) including the held-out
+# and val routing passes.
 ROUTE_DEFAULTS: dict[str, Any] = {
     "top_k": 2,                # experts per token (null expert included in the choice)
     "mode": "token",           # token | request (one decision per sequence, TRACE-style)
@@ -43,6 +44,9 @@ ROUTE_DEFAULTS: dict[str, Any] = {
     "lm_weight": 1.0,          # LM loss on the demonstrations' assistant turns
     "balance_weight": 0.01,    # Switch load balancing
     "z_weight": 1e-3,          # router z-loss
+    "probe_steps": 200,        # probe phase before the SGD steps: Adam steps per router (0: none)
+    "probe_tokens": 64,        # block inputs sampled per demonstration and forced routing
+    "probe_max_length": 2048,  # tokens of a demonstration the probe reads (whole conversations here)
     "train_examples": 16,      # demonstrations per capability drawn from the train split (null: all)
     "heldout_fraction": 0.2,   # of those, held out to measure routing accuracy
     "val_examples": 4,         # demonstrations per capability from the val split for the routing trace
@@ -142,6 +146,12 @@ def fit_metrics(fit: dict[str, Any], routing: dict[str, dict[str, Any]]) -> dict
         "fit_seconds": fit["seconds"], "fit_examples": float(fit["n_train"]),
         "heldout_examples": float(fit["n_heldout"]),
     }
+    for name in ("probe_routing_accuracy", "probe_sequence_accuracy", "probe_train_accuracy"):
+        if fit.get(name) is not None:  # None: the fit had no probe phase
+            metrics[name] = float(fit[name])
+    if fit.get("probe_samples"):
+        metrics["probe_samples"] = float(fit["probe_samples"])
+        metrics["probe_seconds"] = float(fit["probe_seconds"])
     for capability, accuracy in fit["per_capability_accuracy"].items():
         metrics[f"routing_accuracy.{capability}"] = accuracy
     for capability, row in routing.items():
@@ -288,7 +298,9 @@ def _fit_and_save(paths: config.Paths, adapters: list[dict[str, Any]], base_dir:
         learning_rate=float(params["learning_rate"]), max_length=int(params["max_length"]),
         route_weight=float(params["route_weight"]), lm_weight=float(params["lm_weight"]),
         balance_weight=float(params["balance_weight"]), z_weight=float(params["z_weight"]),
-        heldout_fraction=float(params["heldout_fraction"]), seed=seed)
+        heldout_fraction=float(params["heldout_fraction"]), seed=seed,
+        probe_steps=int(params["probe_steps"]), probe_tokens=int(params["probe_tokens"]),
+        probe_max_length=int(params["probe_max_length"]))
     fit = fit_router(moe, tokenizer, train, fit_config)
     tick = time.perf_counter()
     routing = evaluate_routing(moe, tokenizer, {c: rows for c, rows in val.items() if rows},

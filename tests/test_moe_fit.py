@@ -12,7 +12,7 @@ from peft import LoraConfig, get_peft_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from traceops.errors import InputError
+from traceops.errors import ConfigError, InputError
 from traceops.moe import FitConfig, build_moe, evaluate_routing, fit_router
 from traceops.moe.fit import _batch, _encode, _lm_loss, _routed_lm_loss, _split_head
 
@@ -78,7 +78,7 @@ def test_fit_router_learns_to_route_each_capability_to_its_expert(setup):
     tokenizer, base, dirs, examples = setup
     moe = build_moe(copy.deepcopy(base), dirs, top_k=2)
     frozen = {n: p.detach().clone() for n, p in moe.model.named_parameters() if "moe_router" not in n}
-    config = FitConfig(steps=30, batch_size=8, learning_rate=5e-2, seed=0)
+    config = FitConfig(steps=30, batch_size=8, learning_rate=5e-2, seed=0, probe_steps=0)  # SGD alone
     result = fit_router(moe, tokenizer, examples, config)
     assert result.routing_accuracy > 0.9
     assert result.sequence_accuracy > 0.9
@@ -144,3 +144,26 @@ def test_lm_loss_on_labelled_positions_equals_the_full_logits_loss(setup) -> Non
         got = _routed_lm_loss(moe, batch)
     assert float(expected) > 0
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_probe_phase_alone_routes_each_capability_and_freezes_the_rest(setup):
+    tokenizer, base, dirs, examples = setup
+    moe = build_moe(copy.deepcopy(base), dirs, top_k=2)
+    frozen = {n: p.detach().clone() for n, p in moe.model.named_parameters() if "moe_router" not in n}
+    config = FitConfig(steps=0, probe_steps=100, probe_tokens=8, seed=0)
+    result = fit_router(moe, tokenizer, examples, config)
+    assert result.losses["route"] == []  # no SGD step: the probes alone
+    assert result.probe_samples > 0 and result.probe_seconds > 0
+    assert result.probe_train_accuracy is not None and result.probe_train_accuracy > 0.9
+    assert result.initial_routing_accuracy < 0.8
+    assert result.probe_routing_accuracy == result.routing_accuracy > 0.9
+    for name, param in moe.model.named_parameters():
+        if "moe_router" not in name:
+            assert torch.equal(param, frozen[name]), name
+
+
+def test_fit_with_neither_probe_nor_steps_is_refused(setup):
+    tokenizer, base, dirs, examples = setup
+    moe = build_moe(copy.deepcopy(base), dirs)
+    with pytest.raises(ConfigError, match="nothing would fit"):
+        fit_router(moe, tokenizer, examples, FitConfig(steps=0, probe_steps=0))

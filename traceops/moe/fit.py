@@ -1,9 +1,13 @@
 """Fit the token routers of a ``MoEModel``; the base model and the experts stay frozen.
 
-Loss = ``route_weight`` * supervised routing (every token of capability c's data goes to expert c,
+Two phases. First (``probe_steps`` > 0) each router is fit as a linear probe on the block inputs of the
+whole training demonstrations, collected under teacher-forced routing (``traceops.moe.probe``): cheap,
+forward passes only, and it sees every token, the shared system prompt and tools included. Then
+``steps`` SGD steps through the routed composite on the demonstrations' tails, with loss
+``route_weight`` * supervised routing (every token of capability c's data goes to expert c,
 cross-entropy on each block's router logits) + ``lm_weight`` * LM loss on the demonstrations
 (routed through the current top-k gate) + ``balance_weight`` * Switch load balancing +
-``z_weight`` * router z-loss. Held-out examples measure routing accuracy before and after.
+``z_weight`` * router z-loss. Held-out examples measure routing accuracy before, between and after.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch.nn.functional as F
 
 from traceops.errors import ConfigError, InputError
 from traceops.moe.model import MoEModel
+from traceops.moe.probe import collect_block_inputs, fit_probes
 from traceops.moe.router import load_balance_loss, masked_mean, router_z_loss, topk_gate
 
 Example = str | list[dict[str, Any]] | dict[str, Any]
@@ -38,6 +43,12 @@ class FitConfig:
     z_weight: float = 1e-3
     heldout_fraction: float = 0.2
     seed: int = 0
+    probe_steps: int = 200          # full-batch Adam steps per router probe (0: no probe phase)
+    probe_tokens: int = 64          # block inputs sampled per demonstration and routing
+    probe_learning_rate: float = 0.05
+    probe_routings: tuple[str, ...] = ("own", "base")
+    probe_max_length: int = 2048    # tokens of a demonstration the probe reads (its tail beyond that)
+    probe_batch_size: int = 4
 
 
 @dataclass
@@ -46,7 +57,8 @@ class FitResult:
 
     ``routing_accuracy``: share of held-out (token, layer) pairs whose top-1 router choice is the
     example's capability; ``sequence_accuracy``: the same for the prompt-pooled (request-mode) choice;
-    ``initial_*``: before fitting.
+    ``initial_*``: before fitting; ``probe_*``: after the probe phase (None without one), with
+    ``probe_train_accuracy`` the mean over layers of the probes' accuracy on their own samples.
     """
 
     steps: int
@@ -60,6 +72,11 @@ class FitResult:
     n_heldout: int
     seconds: float
     config: dict[str, Any] = field(default_factory=dict)
+    probe_routing_accuracy: float | None = None
+    probe_sequence_accuracy: float | None = None
+    probe_train_accuracy: float | None = None
+    probe_samples: int = 0
+    probe_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +124,11 @@ def _encode(tokenizer: Any, example: Example, expert: int, max_length: int, wher
     return _Encoded(full[-max_length:], labels[-max_length:], expert)
 
 
+def _tail(item: _Encoded, max_length: int) -> _Encoded:
+    """The last ``max_length`` tokens of an encoded example (its answer end)."""
+    return _Encoded(item.input_ids[-max_length:], item.labels[-max_length:], item.expert)
+
+
 def _ids(value: Any) -> list[int]:
     if hasattr(value, "keys") and "input_ids" in value:
         value = value["input_ids"]
@@ -143,7 +165,9 @@ def _split(moe: MoEModel, tokenizer: Any, examples: dict[str, list[Example]], co
             raise ConfigError(f"examples for capability '{capability}' but no expert serves it; experts: "
                               f"{moe.config.capabilities}")
         expert = moe.experts.index(name)
-        encoded = [_encode(tokenizer, ex, expert, config.max_length, f"{capability}[{i}]")
+        # Encoded at the probe's length; the SGD phase and the held-out measure use the tails.
+        length = max(config.max_length, config.probe_max_length if config.probe_steps else 0)
+        encoded = [_encode(tokenizer, ex, expert, length, f"{capability}[{i}]")
                    for i, ex in enumerate(items)]
         encoded = [e for e in encoded if len(e.input_ids) > 1]
         if len(encoded) < 2:
@@ -250,16 +274,21 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
     ``requires_grad`` restored afterwards. Returns loss curves and held-out routing accuracy.
     """
     config = config or FitConfig()
-    if config.steps < 1 or config.batch_size < 1:
-        raise ConfigError("FitConfig.steps and batch_size must be at least 1")
+    if config.steps < 0 or config.probe_steps < 0 or config.batch_size < 1 or config.probe_batch_size < 1:
+        raise ConfigError("FitConfig.steps and probe_steps must be at least 0, the batch sizes at least 1")
+    if config.steps == 0 and config.probe_steps == 0:
+        raise ConfigError("FitConfig: steps and probe_steps are both 0; nothing would fit the routers")
     started = time.perf_counter()
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
     device = moe.device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    train, heldout = _split(moe, tokenizer, examples_by_capability, config, rng)
+    full_train, full_heldout = _split(moe, tokenizer, examples_by_capability, config, rng)
+    train = [_tail(item, config.max_length) for item in full_train]
+    heldout = [_tail(item, config.max_length) for item in full_heldout]
     held_batches = [_batch(heldout[i:i + config.batch_size], pad_id, device)
                     for i in range(0, len(heldout), config.batch_size)]
+    probe: dict[str, Any] = {}
 
     model = moe.model
     was_training = model.training
@@ -273,11 +302,14 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
     try:
         model.eval()  # no dropout: the frozen parts must behave as at inference
         init_tok, init_seq, _ = routing_accuracy(moe, held_batches)
+        if config.probe_steps:
+            probe = _probe_phase(moe, full_train, pad_id, config)
+            probe["tok"], probe["seq"], _ = routing_accuracy(moe, held_batches)
         by_expert: dict[int, list[_Encoded]] = {}
         for item in train:
             by_expert.setdefault(item.expert, []).append(item)
         experts = sorted(by_expert)
-        for _ in range(config.steps):
+        for _ in range(config.steps):  # zero steps: the probes alone
             # Balanced batches: each row draws a capability uniformly, then one of its examples.
             items = [rng.choice(by_expert[rng.choice(experts)]) for _ in range(config.batch_size)]
             batch = _batch(items, pad_id, device)
@@ -319,7 +351,26 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
         n_heldout=len(heldout),
         seconds=time.perf_counter() - started,
         config=asdict(config),
+        probe_routing_accuracy=probe.get("tok"),
+        probe_sequence_accuracy=probe.get("seq"),
+        probe_train_accuracy=probe.get("train"),
+        probe_samples=int(probe.get("samples", 0)),
+        probe_seconds=float(probe.get("seconds", 0.0)),
     )
+
+
+def _probe_phase(moe: MoEModel, train: list[_Encoded], pad_id: int, config: FitConfig) -> dict[str, Any]:
+    """Fit every router as a probe on teacher-forced block inputs of the whole training examples."""
+    tick = time.perf_counter()
+    # Similar lengths batched together: less padding in the forward passes.
+    ordered = sorted(train, key=lambda item: len(item.input_ids))
+    step = config.probe_batch_size
+    batches = [_batch(ordered[i:i + step], pad_id, moe.device) for i in range(0, len(ordered), step)]
+    samples = collect_block_inputs(moe, batches, _route_forward, config.probe_tokens,
+                                   config.probe_routings, config.seed)
+    accuracy = fit_probes(moe, samples, config.probe_steps, config.probe_learning_rate, config.z_weight)
+    return {"train": sum(accuracy.values()) / len(accuracy), "samples": samples.count,
+            "seconds": time.perf_counter() - tick}
 
 
 @torch.no_grad()

@@ -1,0 +1,133 @@
+"""Initialize the token routers as linear probes on teacher-forced block inputs.
+
+A block's router is a linear map of the block's RMS-normalized input. A few SGD steps through the whole
+composite train it on a few thousand tokens at most; a probe fit sees every block input of every training
+demonstration instead, at the cost of forward passes only. The block inputs are collected once, without
+gradients, under two fixed routings: each demonstration forced to its own capability's expert (the states
+a correctly routed composite sees) and forced to the base (the states before any expert acts, which is
+what an early wrong choice leaves behind). Each block's router is then fit to them as a multinomial
+logistic regression whose target is the demonstration's expert.
+
+Samples come from the whole conversation, the system prompt and tool schemas included: at inference every
+token is routed, and where families share a prefix the probe learns their prior there, so the decision
+falls to the tokens that differ (the user turn, the tool results, the answers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from traceops.errors import ConfigError
+from traceops.moe.model import MoEModel
+from traceops.moe.router import router_z_loss
+
+ROUTINGS = ("own", "base")
+
+
+@dataclass(frozen=True)
+class ProbeSamples:
+    """Block inputs sampled from the demonstrations: ``features[layer]`` is ``[N, hidden]`` (float32) and
+    ``targets`` the ``[N]`` expert index of each sample's demonstration, the same rows in every layer."""
+
+    features: dict[int, torch.Tensor]
+    targets: torch.Tensor
+
+    @property
+    def count(self) -> int:
+        """Number of samples per layer."""
+        return int(self.targets.numel())
+
+
+def _forced_rows(batch: dict[str, torch.Tensor], num_experts: int, routing: str) -> torch.Tensor:
+    """The ``[B, 1, E]`` forced gate of a batch: one-hot on each row's own expert, or all zeros (the base)."""
+    rows = torch.zeros(batch["target"].shape[0], num_experts)
+    if routing == "own":
+        rows[torch.arange(rows.shape[0]), batch["target"].cpu()] = 1.0
+    return rows[:, None, :]
+
+
+def _positions(mask: torch.Tensor, per_row: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Up to ``per_row`` distinct random real (mask 1) positions of each row, seeded."""
+    picks = []
+    for row in mask.bool().cpu():
+        real = row.nonzero().flatten()
+        order = torch.randperm(real.numel(), generator=generator)[:per_row]
+        picks.append(real[order].sort().values)
+    return picks
+
+
+def collect_block_inputs(moe: MoEModel, batches: Sequence[dict[str, torch.Tensor]],
+                         run: Callable[[MoEModel, dict[str, torch.Tensor]], None], per_row: int,
+                         routings: Sequence[str] = ROUTINGS, seed: int = 0) -> ProbeSamples:
+    """Forward every batch (``input_ids``, ``attention_mask``, ``target``) once per routing in ``routings``
+    (``own``: each row forced to its ``target`` expert; ``base``: no expert) and keep the input of every
+    routed block at up to ``per_row`` random real positions of each row. ``run`` does the forward (the
+    decoder alone is enough: only block inputs are read)."""
+    unknown = sorted(set(routings) - set(ROUTINGS))
+    if unknown or not routings:
+        raise ConfigError(f"probe routings must be a non-empty subset of {ROUTINGS}, got {list(routings)}")
+    generator = torch.Generator().manual_seed(seed)
+    index = {path: i for i, path in enumerate(moe.config.blocks)}
+    features: dict[int, list[torch.Tensor]] = {i: [] for i in index.values()}
+    targets: list[torch.Tensor] = []
+    current: dict[str, Any] = {}
+
+    def capture(layer: int) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            rows = [hidden[row, pos].detach().float().cpu() for row, pos in enumerate(current["positions"])]
+            features[layer].append(torch.cat(rows))
+        return hook
+
+    handles = [moe.model.get_submodule(path).register_forward_pre_hook(capture(i), with_kwargs=True)
+               for path, i in index.items()]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                for routing in routings:
+                    current["positions"] = _positions(batch["attention_mask"], per_row, generator)
+                    with moe.forced(_forced_rows(batch, moe.config.num_experts, routing)):
+                        run(moe, batch)
+                    targets.append(torch.cat([batch["target"][row].cpu().repeat(pos.numel())
+                                              for row, pos in enumerate(current["positions"])]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return ProbeSamples(features={i: torch.cat(parts) for i, parts in features.items()},
+                        targets=torch.cat(targets))
+
+
+def fit_probes(moe: MoEModel, samples: ProbeSamples, steps: int, learning_rate: float,
+               z_weight: float = 1e-3) -> dict[int, float]:
+    """Fit each block's router to ``samples`` by full-batch Adam on cross-entropy (+ ``z_weight`` x router
+    z-loss, which keeps the logits small); returns each layer's training accuracy (top-1 == target).
+
+    Only the router projections change; the null expert is never a target, so its logit learns to stay low
+    where a real expert fits.
+    """
+    if steps < 1 or samples.count == 0:
+        raise ConfigError("probe fitting needs at least one step and one sample")
+    accuracy: dict[int, float] = {}
+    targets = samples.targets
+    for router in moe.routers.values():
+        layer = router.layer_index
+        x = samples.features[layer].to(router.proj.weight.device)
+        y = targets.to(x.device)
+        optimizer = torch.optim.Adam(router.parameters(), lr=learning_rate)
+        for _ in range(steps):
+            logits = router.logits(x)
+            loss = F.cross_entropy(logits, y) + z_weight * router_z_loss(logits, None)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():
+            accuracy[layer] = float((router.logits(x).argmax(-1) == y).float().mean())
+    return accuracy
+
+
+__all__ = ["ROUTINGS", "ProbeSamples", "collect_block_inputs", "fit_probes"]
