@@ -159,14 +159,14 @@ def _split(moe: MoEModel, tokenizer: Any, examples: dict[str, list[Example]], co
     by_capability = {cap: name for name, cap in moe.config.capabilities.items()}
     train: list[_Encoded] = []
     heldout: list[_Encoded] = []
+    # Encoded at the probe's length; the SGD phase and the held-out measure use the tails.
+    length = max(config.max_length, config.probe_max_length if config.probe_steps else 0)
     for capability, items in sorted(examples.items()):
         name = by_capability.get(capability, capability if capability in moe.experts else None)
         if name is None:
             raise ConfigError(f"examples for capability '{capability}' but no expert serves it; experts: "
                               f"{moe.config.capabilities}")
         expert = moe.experts.index(name)
-        # Encoded at the probe's length; the SGD phase and the held-out measure use the tails.
-        length = max(config.max_length, config.probe_max_length if config.probe_steps else 0)
         encoded = [_encode(tokenizer, ex, expert, length, f"{capability}[{i}]")
                    for i, ex in enumerate(items)]
         encoded = [e for e in encoded if len(e.input_ids) > 1]

@@ -72,7 +72,7 @@ def collect_block_inputs(moe: MoEModel, batches: Sequence[dict[str, torch.Tensor
     if unknown or not routings:
         raise ConfigError(f"probe routings must be a non-empty subset of {ROUTINGS}, got {list(routings)}")
     generator = torch.Generator().manual_seed(seed)
-    index = {path: i for i, path in enumerate(moe.config.blocks)}
+    index = {path: router.layer_index for path, router in moe.routers.items()}
     features: dict[int, list[torch.Tensor]] = {i: [] for i in index.values()}
     targets: list[torch.Tensor] = []
     current: dict[str, Any] = {}
