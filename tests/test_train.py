@@ -248,6 +248,39 @@ def test_grpo_drops_and_counts_constant_reward_groups(tmp_path: Path, tiny_base:
 
 
 @pytest.mark.slow
+def test_grpo_skips_the_update_when_every_group_is_constant(tmp_path: Path, tiny_base: Path) -> None:
+    import torch
+    from datasets import Dataset
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from traceops.train.grpo import _trainer_class, grpo_args
+
+    tokenizer = load_tokenizer(str(tiny_base))
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_base))
+    model = get_peft_model(base, AdapterSettings().lora_config())
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say a"}], tokenize=False,
+                                           add_generation_prompt=True)
+    budget = replace(BUDGETS["tiny"], grpo_steps=2, grpo_prompts_per_step=1, num_generations=2,
+                     max_completion_length=8, save_steps=100, grpo_lr=1e-2)
+    trainer = _trainer_class()(model=model, reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
+                               args=grpo_args(budget, tmp_path / "grpo", 0, multi_turn=False),
+                               processing_class=tokenizer,
+                               train_dataset=Dataset.from_list([{"prompt": prompt}]))
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    grad_forwards = []
+    hook = model.register_forward_hook(lambda *_: grad_forwards.append(torch.is_grad_enabled()))
+    trainer.train()
+    hook.remove()
+    assert trainer.dropped_constant_groups == trainer.total_groups == 2
+    assert trainer.skipped_updates == 2
+    assert not any(grad_forwards)  # generation ran (no grad), the loss forward never did
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters() if p.requires_grad)
+    logged = [e["skipped_updates"] for e in trainer.state.log_history if "skipped_updates" in e]
+    assert logged == [1.0, 1.0]
+
+
+@pytest.mark.slow
 def test_multi_turn_grpo_runs_through_trl_environment_factory(tmp_path: Path, tiny_base: Path) -> None:
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM

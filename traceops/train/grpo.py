@@ -7,7 +7,10 @@ same Environment classes (``rollouts.trl_environment``), which owns the reward v
 Constant-reward groups: TRL 1.16 gives every completion of a zero-std group advantage 0 (so no policy
 gradient) but keeps its tokens in the loss normalizer, diluting the update of the informative groups.
 ``DroppingGRPOTrainer`` removes them from the loss mask instead and counts them
-(``dropped_constant_groups``, also logged as the ``dropped_constant_groups`` metric).
+(``dropped_constant_groups``, also logged as the ``dropped_constant_groups`` metric). A batch whose
+every group is constant has no token left in the loss, so its forward and backward are skipped (a zero
+loss on the trainable weights keeps the optimizer and distributed ranks in step); ``skipped_updates``
+counts them. On CPU that is most of a multi-turn step's training time.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ def _trainer_class() -> type:
 
         dropped_constant_groups = 0
         total_groups = 0
+        skipped_updates = 0
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
             import torch
@@ -58,6 +62,16 @@ def _trainer_class() -> type:
                 self._metrics["train"]["dropped_constant_groups"].append(float(dropped))
                 self._metrics["train"]["groups"].append(float(total))
             return output
+
+        def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            skip = not return_outputs and not bool((inputs["completion_mask"] * inputs["tool_mask"]).any())
+            if model.training:
+                self.skipped_updates += int(skip)
+                self._metrics["train"]["skipped_updates"].append(float(skip))
+            if skip:  # zero gradient on every trainable weight, without running the model
+                return sum((p * 0.0).sum() for p in model.parameters() if p.requires_grad)
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     return DroppingGRPOTrainer
 
