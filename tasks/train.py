@@ -2,7 +2,7 @@
 
 Each adapter is one MLflow run in experiment ``traceops/train`` (nested under the night's run) holding the
 budget as params, the SFT loss and GRPO reward curves (step-indexed), dropped constant-reward groups,
-val/test success before and after, and timings; the adapter is then registered as
+skipped updates, val/test success before and after, and timings; the adapter is then registered as
 ``traceops.adapter.<capability>`` with the lineage tags.
 
 Resume after a kill: checkpoints live under ``models/checkpoints/<capability>`` and the rerun continues
@@ -104,7 +104,8 @@ def _log_curves(result: Any) -> None:
         mlflow.log_metric("sft_loss", loss, step=step)
     for step, reward in enumerate(result.grpo_rewards, start=1):
         mlflow.log_metric("grpo_reward", reward, step=step)
-    metrics = {"dropped_constant_groups": result.dropped_constant_groups, "grpo_groups": result.total_groups}
+    metrics = {"dropped_constant_groups": result.dropped_constant_groups, "grpo_groups": result.total_groups,
+               "grpo_skipped_updates": result.skipped_updates}
     for split in ("val", "test"):
         for when in ("before", "after"):
             scores = getattr(result, f"{split}_{when}")
@@ -162,7 +163,7 @@ def train_task(key: str, capability: str, home: str | None = None, budget: str =
     base_dir, base_ref = registry.resolve_base_model(base_model)
     lineage = dict(lineage or registry.current_lineage(paths, base_model))
     chosen = resolve_budget(budget, budget_overrides)
-    params = {"capability": capability, "base_model": base_ref, "seed": seed, **budget_params(chosen)}
+    params = {"capability": capability, "base_model_ref": base_ref, "seed": seed, **budget_params(chosen)}
     with stage_run(settings, "train", parent_run_id, params=params) as run:
         run_id = run.info.run_id
         mlflow.set_tags({TAG_CAPABILITY: capability, TAG_TRAIN_KEY: key, TAG_ROLE: "adapter",
@@ -186,7 +187,8 @@ def train_task(key: str, capability: str, home: str | None = None, budget: str =
         "test_success_before": result.test_before.get("success"),
         "test_success_after": result.test_after.get("success"),
         "sft_steps": len(result.sft_losses), "grpo_steps": len(result.grpo_rewards),
-        "dropped_constant_groups": result.dropped_constant_groups, "resumed_from": result.resumed_from,
+        "dropped_constant_groups": result.dropped_constant_groups,
+        "grpo_skipped_updates": result.skipped_updates, "resumed_from": result.resumed_from,
         "seconds": round(result.timings.get("total", 0.0), 2),
     }
 
@@ -210,7 +212,7 @@ def train_generic_task(key: str, capabilities: list[str], home: str | None = Non
                           "run `traceops synthesize` first")
     base_dir, base_ref = registry.resolve_base_model(base_model)
     chosen = resolve_budget(budget, budget_overrides)
-    params = {"capabilities": ",".join(capabilities), "base_model": base_ref, "seed": seed,
+    params = {"capabilities": ",".join(capabilities), "base_model_ref": base_ref, "seed": seed,
               **budget_params(chosen)}
     with stage_run(settings, "train", parent_run_id, params=params) as run:
         mlflow.set_tags({TAG_ROLE: "generic", TAG_TRAIN_KEY: key})

@@ -129,7 +129,7 @@ def test_assistant_only_mask_covers_exactly_the_assistant_turns(tiny_base: Path)
 
 def test_replay_reward_and_trl_environment_score_parsed_calls() -> None:
     from traceops.model.toolcalls import render_tool_call
-    from traceops.train.grpo import group_counts
+    from traceops.train.grpo import group_counts, skipped_update_count
     from traceops.train.rollouts import parse_turn, replay_reward, trl_environment
 
     reward = replay_reward(WeatherEnv)
@@ -144,9 +144,11 @@ def test_replay_reward_and_trl_environment_score_parsed_calls() -> None:
     assert env.reset(prompt=[], task_json=task) == "What is the weather in Oslo?"
     env.get_weather("Oslo")
     assert env.get_reward() == 1.0
-    history = [{"loss": 0.1}, {"reward": 0.0, "dropped_constant_groups": 2.0, "groups": 2.0},
-               {"reward": 0.5, "dropped_constant_groups": 1.0, "groups": 2.0}, {"train_loss": 0.1}]
-    assert group_counts(history) == (3, 4)
+    history = [{"loss": 0.1},
+               {"reward": 0.0, "dropped_constant_groups": 2.0, "groups": 2.0, "skipped_updates": 1.0},
+               {"reward": 0.5, "dropped_constant_groups": 1.0, "groups": 2.0, "skipped_updates": 0.0},
+               {"train_loss": 0.1}]
+    assert group_counts(history) == (3, 4) and skipped_update_count(history) == 1
 
 
 def test_bad_input_is_refused_before_training(tmp_path: Path, tiny_base: Path, home: Path) -> None:
@@ -335,6 +337,7 @@ def test_train_adapter_resumes_after_interruption(tmp_path: Path, tiny_base: Pat
     assert len(result.sft_losses) == 4 and len(result.grpo_rewards) == 1
     groups = budget.grpo_steps * budget.grpo_prompts_per_step
     assert result.total_groups == groups and 0 <= result.dropped_constant_groups <= groups
+    assert 0 <= result.skipped_updates <= budget.grpo_steps
     assert result.val_before["n"] == 2 and 0.0 <= result.val_after["success"] <= 1.0
     assert result.config["adapter"]["r"] == 16 and not result.config["multi_turn"]
     adapter = Path(result.adapter_path)

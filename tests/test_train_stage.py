@@ -118,10 +118,12 @@ def test_train_flow_tracks_registers_caches_retrains_changed_and_resumes(train_h
         losses = client.get_metric_history(row["mlflow_run"], "sft_loss")
         assert [m.step for m in losses] == [1, 2] and all(m.value > 0 for m in losses)
         for name in ("val_success_before", "val_success_after", "test_success_before", "test_success_after",
-                     "dropped_constant_groups", "seconds.sft"):
+                     "dropped_constant_groups", "grpo_skipped_updates", "seconds.sft"):
             assert name in run.data.metrics
         tags = client.get_model_version(row["model_name"], "1").tags
         assert tags[registry.TAG_ENV_VERSION] == env_version
+        # The run's params and the logged model's config (MLflow logs it as params too) agree.
+        assert run.data.params["base_model_ref"] == tags[registry.TAG_BASE_MODEL]
         assert all(key in tags for key in registry.LINEAGE_KEYS)
         assert tags["traceops.adapter_hash"] == row["adapter_hash"]
     generic = first["generic"]

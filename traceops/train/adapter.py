@@ -51,6 +51,7 @@ class TrainResult:
     config: dict[str, Any]
     timings: dict[str, float]
     resumed_from: dict[str, int | None] = field(default_factory=dict)
+    skipped_updates: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict."""
@@ -266,7 +267,7 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
 
         peft_model = PeftModel.from_pretrained(model, str(final_dir))
 
-    from traceops.train.grpo import group_counts, reward_curve
+    from traceops.train.grpo import group_counts, reward_curve, skipped_update_count
     from traceops.train.sft import loss_curve
 
     tick = time.perf_counter()
@@ -280,5 +281,5 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
         grpo_rewards=reward_curve(logs["grpo"]), dropped_constant_groups=dropped,
         total_groups=groups, val_before=before["val"], val_after=after["val"],
         test_before=before["test"], test_after=after["test"], config=config, timings=timings,
-        resumed_from=resumed,
+        resumed_from=resumed, skipped_updates=skipped_update_count(logs["grpo"]),
     )

@@ -152,6 +152,14 @@ def group_counts(log_history: list[dict[str, Any]]) -> tuple[int, int]:
     return round(dropped), round(total)
 
 
+def skipped_update_count(log_history: list[dict[str, Any]]) -> int:
+    """GRPO steps whose forward and backward were skipped (every group constant), from a log history.
+
+    One micro-batch per step (``gradient_accumulation_steps=1``), so each step logs 0.0 or 1.0.
+    """
+    return round(sum(float(entry.get("skipped_updates", 0.0)) for entry in log_history if "reward" in entry))
+
+
 def reward_curve(log_history: list[dict[str, Any]]) -> list[float]:
     """Mean reward per logged GRPO step, in step order."""
     return [float(entry["reward"]) for entry in log_history if "reward" in entry]
