@@ -223,7 +223,8 @@ def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None
     base_dir, base_ref = registry.resolve_base_model(base_model)
     lineage = dict(lineage or registry.current_lineage(paths, base_model))
     parent_versions = {a["model_name"]: str(a["model_version"]) for a in adapters}
-    run_params = {**params, "adapters": json.dumps(parent_versions, sort_keys=True), "base_model_ref": base_ref}
+    run_params = {**params, "adapters": json.dumps(parent_versions, sort_keys=True),
+                  "base_model_ref": base_ref}
     target = paths.models / "composite"
     with stage_run(settings, "route", parent_run_id, params=run_params) as run:
         mlflow.set_tag(registry.TAG_BASE_MODEL, base_ref)

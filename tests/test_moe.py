@@ -17,7 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from traceops.errors import ConfigError, InputError
 from traceops.moe import build_moe, load_moe, read_config, save_moe
 from traceops.moe.layer import moe_lora_delta
-from traceops.moe.router import masked_mean, topk_gate
+from traceops.moe.router import masked_mean, request_scores, topk_gate
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # name -> (rank, alpha, rslora): different ranks exercise padding, rsLoRA a different scaling rule.
@@ -167,14 +167,31 @@ def test_request_mode_keeps_the_prompt_decision_while_decoding(base, adapters):
     with torch.no_grad():
         with moe.trace() as trace:
             moe.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
-        with moe.collect_logits() as logits:
+        # The decision: the routers on the base model's block inputs (every weight on the null expert),
+        # each block's prompt-pooled scores combined into one choice for the whole model.
+        with moe.forced({}), moe.collect_logits() as logits:
             moe(input_ids=ids, attention_mask=mask)
-    for layer, prompt_logits in logits.items():
-        expected = topk_gate(masked_mean(prompt_logits, mask), 2)
+    expected = topk_gate(request_scores([logits[i] for i in sorted(logits)], mask), 2)
+    per_block = {int(masked_mean(lg, mask).argmax(-1)[0]) for lg in logits.values()}
+    assert len(logits) == len(moe.routers) and len(per_block) > 1  # the blocks alone would disagree
+    for layer in logits:
         for call in trace.calls:
             gate = call.gates[layer]
             assert torch.allclose(gate, expected[:, None, :].expand_as(gate), atol=1e-6)
     assert trace.summary()["tokens"] == 2 * (6 + 3) - 2
+
+
+def test_request_scores_average_the_blocks_probabilities_over_the_prompt():
+    mask = torch.tensor([[0, 1, 1]])  # the padded position must not count
+    vote = torch.tensor([[[0.0, 0.0, 50.0], [2.0, 0.0, 0.0], [2.0, 0.0, 0.0]]])
+    blocks = [vote, vote.clone(), torch.tensor([[[0.0, 0.0, 0.0], [0.0, 30.0, 0.0], [0.0, 30.0, 0.0]]])]
+    scores = request_scores(blocks, mask)
+    assert scores.shape == (1, 3)
+    # Two blocks lean to expert 0, one is sure of expert 1: the mean probability picks expert 0, where a
+    # mean of log-probabilities would let the one confident block veto the other two.
+    assert int(scores.argmax(-1)) == 0
+    assert int(torch.stack([masked_mean(b, mask).log_softmax(-1) for b in blocks]).mean(0).argmax(-1)) == 1
+    assert torch.allclose(scores.exp().sum(-1), torch.ones(1))
 
 
 class _SyncCounter(TorchDispatchMode):
@@ -202,7 +219,8 @@ def test_forward_adds_no_host_sync_or_dynamic_shapes(base, adapters, mode):
             base(input_ids=ids, attention_mask=mask)
         with _SyncCounter() as moe_ops:
             moe(input_ids=ids, attention_mask=mask)
-    assert moe_ops.count == base_ops.count
+    # A request-mode prefill is two base passes (the decision's base-only pass, then the routed one).
+    assert moe_ops.count == base_ops.count * (2 if mode == "request" else 1)
 
 
 def test_router_and_layer_compile_as_one_graph(base, adapters):

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from traceops.errors import ConfigError, InputError
 from traceops.moe.model import MoEModel
 from traceops.moe.probe import collect_block_inputs, fit_probes
-from traceops.moe.router import load_balance_loss, masked_mean, router_z_loss, topk_gate
+from traceops.moe.router import load_balance_loss, request_scores, router_z_loss, topk_gate
 
 Example = str | list[dict[str, Any]] | dict[str, Any]
 
@@ -56,7 +56,8 @@ class FitResult:
     """Loss curves (one value per step) and held-out routing accuracy.
 
     ``routing_accuracy``: share of held-out (token, layer) pairs whose top-1 router choice is the
-    example's capability; ``sequence_accuracy``: the same for the prompt-pooled (request-mode) choice;
+    example's capability; ``sequence_accuracy``: the share of held-out sequences whose request-mode
+    choice (all blocks' pooled scores combined) is their capability;
     ``initial_*``: before fitting; ``probe_*``: after the probe phase (None without one), with
     ``probe_train_accuracy`` the mean over layers of the probes' accuracy on their own samples.
     """
@@ -243,7 +244,8 @@ def _lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def routing_accuracy(moe: MoEModel, batches: list[dict[str, torch.Tensor]]) -> tuple[float, float,
                                                                                     dict[int, float]]:
-    """Held-out token accuracy, sequence (prompt-pooled) accuracy and token accuracy per expert index."""
+    """Held-out token accuracy, sequence accuracy (the request-mode choice: every block's pooled scores
+    combined by ``request_scores``) and token accuracy per expert index."""
     hits = total = seq_hits = seq_total = 0.0
     per_expert: dict[int, list[float]] = {}
     for batch in batches:
@@ -251,13 +253,13 @@ def routing_accuracy(moe: MoEModel, batches: list[dict[str, torch.Tensor]]) -> t
             _route_forward(moe, batch)
         mask = batch["attention_mask"].bool()
         target = batch["target"]
+        chosen = request_scores(list(collected.values()), batch["attention_mask"]).argmax(-1)
+        seq_hits += float((chosen == target).sum())
+        seq_total += float(target.numel())
         for logits in collected.values():
             right = (logits.argmax(-1) == target[:, None]) & mask
             hits += float(right.sum())
             total += float(mask.sum())
-            pooled = masked_mean(logits, batch["attention_mask"]).argmax(-1)
-            seq_hits += float((pooled == target).sum())
-            seq_total += float(target.numel())
             for row in range(target.shape[0]):
                 stats = per_expert.setdefault(int(target[row]), [0.0, 0.0])
                 stats[0] += float(right[row].sum())
@@ -378,7 +380,7 @@ def evaluate_routing(moe: MoEModel, tokenizer: Any, examples_by_capability: dict
                      max_length: int = 256, batch_size: int = 8) -> dict[str, dict[str, Any]]:
     """Route held-out examples of each capability through ``moe`` (current mode and top-k) and report, per
     capability: ``tokens``, ``token_accuracy`` (share of (token, layer) pairs whose top-1 router choice is
-    the capability's expert), ``sequence_accuracy`` (the prompt-pooled choice) and ``share`` (mean gate
+    the capability's expert), ``sequence_accuracy`` (the request-mode choice) and ``share`` (mean gate
     weight per expert name, ``null`` included, from a ``RoutingTrace``)."""
     model = moe.model
     was_training = model.training

@@ -19,7 +19,14 @@ from torch import nn
 from traceops.errors import ConfigError
 from traceops.moe.config import MoEConfig
 from traceops.moe.layer import MoELoRALinear
-from traceops.moe.router import MODES, BlockRouter, RoutingState, forced_gate_tensor
+from traceops.moe.router import (
+    MODES,
+    BlockRouter,
+    RoutingState,
+    forced_gate_tensor,
+    request_scores,
+    topk_gate,
+)
 from traceops.moe.trace import RoutingTrace
 
 ROUTER_ATTR = "moe_router"
@@ -85,7 +92,8 @@ class MoEModel:
             owners.add(path.rsplit(".", 2)[0] if path.count(".") >= 2 else "")
         for owner in sorted(owners):
             target = model.get_submodule(owner) if owner else model
-            handles.append(target.register_forward_pre_hook(_model_hook(state), with_kwargs=True))
+            handles.append(target.register_forward_pre_hook(_model_hook(state, config.num_experts),
+                                                             with_kwargs=True))
         layers: dict[str, MoELoRALinear] = {}
         originals: dict[str, nn.Module] = {}
         for path in config.modules:
@@ -139,8 +147,7 @@ class MoEModel:
             raise ConfigError(f"routing mode must be one of {MODES}, got '{value}'")
         self.state.mode = value
         self.config.mode = value
-        for router in self.routers.values():
-            router.request_gate = None
+        self.state.request_gate = None
 
     @property
     def top_k(self) -> int:
@@ -215,7 +222,7 @@ def _block_hook(router: BlockRouter) -> Any:
     return hook
 
 
-def _model_hook(state: RoutingState) -> Any:
+def _model_hook(state: RoutingState, num_experts: int) -> Any:
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
@@ -226,7 +233,34 @@ def _model_hook(state: RoutingState) -> Any:
         state.prefill = past == 0
         state.past_length = past
         state.token_mask = mask[:, -length:] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        if state.prepass:
+            return
+        if state.mode == "request" and state.prefill and state.forced is None:
+            state.request_gate = _request_decision(module, state, num_experts, ids, embeds, mask,
+                                                   kwargs.get("position_ids"))
         if state.recorder is not None:
             state.recorder.begin(past, length, state.token_mask)
 
     return hook
+
+
+def _request_decision(module: nn.Module, state: RoutingState, num_experts: int, ids: torch.Tensor | None,
+                      embeds: torch.Tensor | None, mask: Any, position_ids: Any) -> torch.Tensor:
+    """The request-mode gate ``[B, E']``: one base-only pass over the prompt (every block's router reads
+    the block input the probes were fitted on), its blocks' pooled scores combined (``request_scores``),
+    top-k. Costs one more forward of the prompt per request; decoding steps reuse the decision."""
+    token_mask = state.token_mask
+    saved = (state.forced, state.collect, state.recorder)
+    collected: dict[int, torch.Tensor] = {}
+    device = (ids if ids is not None else embeds).device  # type: ignore[union-attr]
+    state.prepass, state.collect, state.recorder = True, collected, None
+    state.forced = torch.zeros(num_experts, device=device)  # every weight to the null expert: the base
+    try:
+        module(input_ids=ids, inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
+               use_cache=False)
+    finally:
+        state.prepass = False
+        state.forced, state.collect, state.recorder = saved
+        state.prefill, state.past_length, state.token_mask = True, 0, token_mask
+    scores = request_scores([collected[i] for i in sorted(collected)], token_mask)
+    return topk_gate(scores, min(state.top_k, scores.shape[-1]))
