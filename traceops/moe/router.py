@@ -145,16 +145,17 @@ class BlockRouter(nn.Module):
         """Dense gate ``[B, T, E']`` for a block input under the current mode and state (no side effects
         other than collecting logits when asked)."""
         state = self.state
+        # Request-mode blocks follow the prefill's decision: their logits are needed only when collected
+        # (fitting, and the decision's own base-only pass), so decoding steps skip the router matmul.
+        routes_tokens = state.forced is None and state.mode == "token"
+        if state.collect is not None or routes_tokens:
+            logits = self.logits(hidden)
+            if state.collect is not None:
+                state.collect[self.layer_index] = logits
+            if routes_tokens:
+                return topk_gate(logits, min(state.top_k, self.num_choices))
         if state.forced is not None:
-            if state.collect is not None:  # the request-mode prepass reads the routers under base routing
-                state.collect[self.layer_index] = self.logits(hidden)
             return self._forced_gate(hidden)
-        logits = self.logits(hidden)
-        if state.collect is not None:
-            state.collect[self.layer_index] = logits
-        k = min(state.top_k, self.num_choices)
-        if state.mode == "token":
-            return topk_gate(logits, k)
         batch = hidden.shape[0]
         decision = state.request_gate
         if decision is None or decision.shape[0] != batch:
