@@ -204,3 +204,25 @@ def test_unknown_specs_fail_at_once(tiny_model_dir: Path, tmp_path: Path,
         load_model(str(tmp_path / "file.txt"))
     with pytest.raises(ModelError, match="dtype"):
         load_model(str(tiny_model_dir), dtype="float13")
+
+
+def test_models_load_with_hub_kernels_off(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the `kernels` package installed, transformers would swap layers for kernels fetched from the
+    Hub (offline on a GPU that fails); traceops' loaders turn them off, USE_HUB_KERNELS=YES opts back in."""
+    pytest.importorskip("kernels")
+    from transformers import AutoModelForCausalLM
+
+    from traceops.model.adapted import _load_base as load_adapted_base
+    from traceops.model.hub_kernels import kernel_kwargs
+    from traceops.train.adapter import _load_base as load_training_base
+    from traceops.train.budgets import get_budget
+
+    monkeypatch.delenv("USE_HUB_KERNELS", raising=False)
+    assert AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).use_kernels  # transformers' default
+    models = [LocalChatModel(tiny_model_dir).model, load_adapted_base(tiny_model_dir),
+              load_training_base(tiny_model_dir, get_budget("tiny"))]
+    for model in models:
+        model.train()  # training mode is where transformers re-kernelizes
+        assert model.use_kernels is False
+    monkeypatch.setenv("USE_HUB_KERNELS", "yes")
+    assert kernel_kwargs() == {}

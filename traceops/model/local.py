@@ -35,6 +35,7 @@ from traceops.errors import ModelError
 from traceops.model import shared_prefix
 from traceops.model.base import Completion, GenerationConfig, ModelInfo
 from traceops.model.embedded import read_manifest, safetensors_hash
+from traceops.model.hub_kernels import kernel_kwargs
 from traceops.model.toolcalls import render_prompt
 
 # Shared prefixes shorter than this are not worth a separate forward pass.
@@ -136,7 +137,7 @@ class LocalChatModel:
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(folder))
             model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=_torch_dtype(dtype),
-                                                         use_safetensors=True)
+                                                         use_safetensors=True, **kernel_kwargs())
         except ModelError:
             raise
         except Exception as exc:  # transformers raises many types; name the folder and the fix

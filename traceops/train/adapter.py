@@ -18,6 +18,7 @@ from typing import Any
 
 from traceops.errors import ConfigError, ModelError
 from traceops.hashing import content_hash
+from traceops.model.hub_kernels import kernel_kwargs
 from traceops.train import checkpoint as ckpt
 from traceops.train.budgets import Budget, check_fits, get_budget
 from traceops.train.config import AdapterSettings, load_tokenizer
@@ -120,7 +121,7 @@ def _load_base(base_model_dir: Path, budget: Budget) -> Any:
     from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if budget.bf16 else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=dtype, **kernel_kwargs())
     if budget.device == "cuda":
         model = model.to("cuda")
     return model
