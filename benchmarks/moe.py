@@ -9,6 +9,10 @@ each round; the figure kept per variant is the fastest round (least disturbed by
 Prints a table, then one JSON object as the last line.
 
     .venv/bin/python benchmarks/moe.py [--rounds 2] [--targets all,qv] [--no-xlora]
+    python benchmarks/moe.py --device cuda --dtype bfloat16 [--random-init MODEL_DIR]   # on a GPU
+
+``--random-init`` builds the architecture of ``MODEL_DIR/config.json`` with random weights, for a
+machine the weights cannot reach (timings depend on shapes, not values).
 """
 
 from __future__ import annotations
@@ -39,9 +43,19 @@ TARGET_SETS = {
 }
 
 
-def load_base() -> nn.Module:
-    """The embedded model: traceops' cached safetensors copy when available, else the packaged GGUF."""
-    from transformers import AutoModelForCausalLM
+def load_base(random_init: str | None = None) -> nn.Module:
+    """The embedded model: traceops' cached safetensors copy when available, else the packaged GGUF.
+
+    ``random_init``: a folder holding a model's ``config.json``; that architecture is built with random
+    weights instead (timings depend on shapes only; for machines the weights cannot reach).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if random_init is not None:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(random_init), dtype=torch.float32)
+        model.generation_config.pad_token_id = model.config.eos_token_id
+        return model.eval()
 
     try:
         from traceops.model.embedded import embedded_model_dir
@@ -101,7 +115,14 @@ def make_xlora(base: nn.Module, folders: dict[str, Path]) -> nn.Module:
     return get_peft_model(model, config).eval()
 
 
-CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+def _cuda_wall() -> float:
+    """Elapsed seconds after the GPU's queued work has finished (CUDA kernels run asynchronously)."""
+    torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time,
+                                          "cuda": _cuda_wall}
 
 
 def time_forward(model: Any, ids: torch.Tensor, clock: Callable[[], float]) -> float:
@@ -145,16 +166,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-xlora", action="store_true")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
-                        help="cpu: process CPU time (robust when other jobs share the cores); wall: elapsed")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default=None,
+                        help="cpu: process CPU time (robust when other jobs share the cores); wall: elapsed; "
+                             "cuda: elapsed after a device sync (default: cuda on a GPU, else cpu)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--random-init", metavar="DIR", default=None,
+                        help="build the architecture of DIR/config.json with random weights")
     args = parser.parse_args(argv)
+    clock_name = args.clock or ("cuda" if args.device.startswith("cuda") else "cpu")
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    base = load_base()
+    dtype = getattr(torch, args.dtype)
+    base = load_base(args.random_init).to(device=args.device, dtype=dtype)
     vocab = base.config.vocab_size
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (args.batch, args.seq), generator=generator)
-    prompt = torch.randint(0, vocab, (args.decode_batch, args.prompt), generator=generator)
+    ids = torch.randint(0, vocab, (args.batch, args.seq), generator=generator).to(args.device)
+    prompt = torch.randint(0, vocab, (args.decode_batch, args.prompt), generator=generator).to(args.device)
 
     forward_variants: dict[str, Any] = {"base": base}
     decode_variants: dict[str, Any] = {"base": base}
@@ -164,23 +192,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for key in args.targets.split(","):
         targets = TARGET_SETS[key]
         folders, single = make_adapters(base, root, targets, count=8)
+        single = single.to(device=args.device, dtype=dtype)
         top2of4 = build_moe(shared_copy(base), {f"e{i}": folders[str(i)] for i in range(4)}, top_k=2)
         top2of8 = build_moe(shared_copy(base), {f"e{i}": p for i, p in folders.items()}, top_k=2)
+        for moe in (top2of4, top2of8):  # routers are built in float32 on the base's device
+            moe.model.to(device=args.device, dtype=dtype)
         forward_variants.update({f"lora_{key}": single, f"top2of4_{key}": top2of4, f"top2of8_{key}": top2of8})
         decode_variants.update({f"lora_{key}": single, f"top2of8_{key}": top2of8})
         if key == "all":
             xlora_folders = folders
     if xlora_folders is not None and not args.no_xlora:
-        forward_variants["xlora8_all"] = make_xlora(base, xlora_folders)
+        forward_variants["xlora8_all"] = make_xlora(base, xlora_folders).to(device=args.device, dtype=dtype)
 
-    clock = CLOCKS[args.clock]
+    clock = CLOCKS[clock_name]
     forward = alternate(forward_variants, lambda m: time_forward(m, ids, clock), args.rounds, min,
                         lambda m: time_forward(m, ids[:1, :16], clock))
     decode = alternate(decode_variants, lambda m: time_decode(m, prompt, args.new_tokens, clock), args.rounds,
                        max, lambda m: time_decode(m, prompt[:2], 2, clock))
     tmp.cleanup()
 
-    print(f"SmolLM2-135M, threads={args.threads}, clock={args.clock} (cpu: tok/s per CPU-second), forward at "
+    weights = "random-init" if args.random_init else "embedded"
+    print(f"SmolLM2-135M ({weights}, {args.dtype}) on {args.device}, threads={args.threads}, "
+          f"clock={clock_name} (cpu: tok/s per CPU-second), forward at "
           f"{args.batch}x{args.seq}, decode at batch {args.decode_batch} ({args.prompt} prompt + "
           f"{args.new_tokens} new tokens), best of {args.rounds}")
     print(f"{'variant':<16}{'forward s':>11}{'x base':>9}{'decode tok/s':>14}{'x base':>9}")
@@ -189,7 +222,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         decode_cols = f"{tps:>14.1f}{tps / decode['base']:>9.2f}" if tps else f"{'-':>14}{'-':>9}"
         print(f"{name:<16}{seconds:>11.3f}{seconds / forward['base']:>9.2f}{decode_cols}")
 
-    result: dict[str, Any] = {"seconds": round(time.perf_counter() - started, 1), "clock": args.clock,
+    result: dict[str, Any] = {"seconds": round(time.perf_counter() - started, 1), "clock": clock_name,
+                              "device": args.device, "dtype": args.dtype, "weights": weights,
                               "forward_s": {k: round(v, 4) for k, v in forward.items()},
                               "decode_tok_s": {k: round(v, 2) for k, v in decode.items()}}
     for key in args.targets.split(","):
