@@ -206,6 +206,63 @@ def test_sft_reduces_loss_and_adapter_loads_with_peft(tmp_path: Path, tiny_base:
     assert sum(p.numel() for n, p in loaded.named_parameters() if "lora_" in n) > 0
 
 
+def test_shared_prefix_loss_equals_trl_loss_and_gradients(tmp_path: Path, tiny_base: Path) -> None:
+    """The batch's shared system + tools prefix run once gives TRL's loss and LoRA gradients."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from traceops.train.data import sft_rows
+    from traceops.train.prefix_loss import MIN_SHARED_TOKENS, shared_prefix_length
+    from traceops.train.sft import build_sft_trainer
+
+    env_set = load_environment_set(write_env_set(tmp_path / "envs", OrderEnv, "name"))
+    tokenizer = load_tokenizer(str(tiny_base))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_base))
+    budget = replace(BUDGETS["tiny"], sft_steps=1, sft_batch_size=4, save_steps=100)
+    trainer = build_sft_trainer(model, tokenizer, sft_rows(env_set), budget, tmp_path / "ckpt", 0,
+                                AdapterSettings())
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # non-zero B too, so A's gradients are not trivially zero
+        for name, param in trainer.model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    lengths = batch["attention_mask"].sum(dim=1)
+    assert int(lengths.min()) < int(lengths.max())  # right padding is exercised
+    shared = shared_prefix_length(batch["input_ids"], batch["attention_mask"], batch["labels"])
+    assert shared >= MIN_SHARED_TOKENS
+    trainer.model.train()
+    results = {}
+    for share in (True, False):
+        trainer.share_prefix = share
+        trainer.model.zero_grad()
+        loss = trainer.compute_loss(trainer.model, dict(batch))
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        results[share] = (float(loss.detach()), grads)
+    assert results[True][0] == pytest.approx(results[False][0], abs=1e-5)
+    assert results[True][1].keys() == results[False][1].keys() and results[True][1]
+    for name, grad in results[True][1].items():
+        torch.testing.assert_close(grad, results[False][1][name], atol=1e-5, rtol=1e-4)
+    assert trainer._metrics["train"]["shared_prefix_tokens"] == [float(shared)]
+
+
+def test_shared_prefix_stops_before_the_first_supervised_token() -> None:
+    import torch
+
+    from traceops.train.prefix_loss import IGNORE, shared_prefix_length
+
+    ids = torch.tensor([[5, 6, 7, 8, 9, 1], [5, 6, 7, 8, 2, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])
+    labels = torch.full_like(ids, IGNORE)
+    assert shared_prefix_length(ids, mask, labels) == 4
+    labels[0, 3] = 8  # token 3 carries loss: its logit comes from position 2, so at most 0..2 are shared
+    assert shared_prefix_length(ids, mask, labels) == 2
+    assert shared_prefix_length(ids[:1], mask[:1], labels[:1]) == 0  # one row: nothing to share
+    assert shared_prefix_length(torch.tensor([[5, 6], [5, 6]]), torch.ones(2, 2, dtype=torch.long),
+                                torch.full((2, 2), IGNORE)) == 1  # each row keeps a token of its own
+
+
 @pytest.mark.slow
 def test_grpo_drops_and_counts_constant_reward_groups(tmp_path: Path, tiny_base: Path) -> None:
     import torch

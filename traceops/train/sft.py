@@ -3,6 +3,9 @@
 The dataset is conversational (``messages`` + ``tools``); the tokenizer carries the Qwen2.5 template
 and TRL swaps in its ``{% generation %}``-marked twin, so ``assistant_only_loss`` masks system, user and
 tool tokens (``assistant_mask`` shows the exact mask for a conversation).
+
+The trainer computes a batch's shared prompt prefix once (``traceops.train.prefix_loss``) when it can:
+one process, no gradient checkpointing, a plain LM head. Otherwise TRL's own loss runs.
 """
 
 from __future__ import annotations
@@ -12,6 +15,12 @@ from typing import Any
 
 from traceops.train.budgets import Budget
 from traceops.train.config import AdapterSettings, training_chat_template
+from traceops.train.prefix_loss import (
+    MIN_SHARED_TOKENS,
+    prefix_shared_loss,
+    shared_prefix_length,
+    supports_shared_prefix,
+)
 
 
 def assistant_mask(tokenizer: Any, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
@@ -39,17 +48,54 @@ def sft_args(budget: Budget, output_dir: Path, seed: int) -> Any:
     )
 
 
-def build_sft_trainer(model: Any, tokenizer: Any, rows: list[dict[str, Any]], budget: Budget,
-                      output_dir: Path, seed: int, settings: AdapterSettings,
-                      callbacks: list[Any] | None = None) -> Any:
-    """An ``SFTTrainer`` wrapping ``model`` with a fresh LoRA adapter of ``settings``."""
-    from datasets import Dataset
+def _trainer_class() -> type:
     from trl import SFTTrainer
 
+    class PrefixSharingSFTTrainer(SFTTrainer):
+        """SFTTrainer whose loss runs the batch's shared prompt prefix once (see ``prefix_loss``)."""
+
+        share_prefix = True
+
+        def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+            ids, mask, labels = inputs.get("input_ids"), inputs.get("attention_mask"), inputs.get("labels")
+            # Several processes: the DDP wrapper's forward must run for gradients to sync.
+            usable = (self.share_prefix and not return_outputs and mask is not None and labels is not None
+                      and not self.aux_loss_enabled and self.accelerator.num_processes == 1
+                      and supports_shared_prefix(causal_lm))
+            shared = shared_prefix_length(ids, mask, labels) if usable else 0
+            if shared < MIN_SHARED_TOKENS:
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            result = prefix_shared_loss(causal_lm, ids, mask, labels, shared, num_items_in_batch)
+            mode = "train" if self.model.training else "eval"
+            metrics = self._metrics[mode]
+            supervised = max(result.supervised, 1)
+            metrics["entropy"].append(result.entropy_sum / supervised)
+            metrics["mean_token_accuracy"].append(result.correct / supervised)
+            metrics["shared_prefix_tokens"].append(float(shared))
+            if mode == "train":
+                self._total_train_tokens += int(mask.sum())
+            metrics["num_tokens"] = [self._total_train_tokens]
+            return result.loss
+
+    return PrefixSharingSFTTrainer
+
+
+def build_sft_trainer(model: Any, tokenizer: Any, rows: list[dict[str, Any]], budget: Budget,
+                      output_dir: Path, seed: int, settings: AdapterSettings,
+                      callbacks: list[Any] | None = None, share_prefix: bool = True) -> Any:
+    """An ``SFTTrainer`` wrapping ``model`` with a fresh LoRA adapter of ``settings``; ``share_prefix``
+    runs each batch's shared prompt prefix once (off with gradient checkpointing, which recomputes
+    activations a cache would hold)."""
+    from datasets import Dataset
+
     dataset = Dataset.from_list(rows)
-    return SFTTrainer(model=model, args=sft_args(budget, output_dir, seed), train_dataset=dataset,
-                      processing_class=tokenizer, peft_config=settings.lora_config(),
-                      callbacks=callbacks or [])
+    trainer = _trainer_class()(model=model, args=sft_args(budget, output_dir, seed), train_dataset=dataset,
+                               processing_class=tokenizer, peft_config=settings.lora_config(),
+                               callbacks=callbacks or [])
+    trainer.share_prefix = share_prefix and not budget.sft_checkpointing
+    return trainer
 
 
 def loss_curve(log_history: list[dict[str, Any]]) -> list[float]:
