@@ -1,11 +1,12 @@
 """Throughput of our SFT and GRPO steps against plain TRL on the same data and model, in the same run.
 
 "ours" is what ``train_adapter`` runs: ``traceops.train.sft.build_sft_trainer`` (our SFTConfig, log
-forwarding callback) and ``traceops.train.grpo.build_grpo_trainer`` (constant-group dropping trainer,
-environment replay reward). "plain" is TRL's own ``SFTTrainer`` / ``GRPOTrainer`` with the same
-hyper-parameters, dataset, LoRA config and reward, and no traceops code in the step. Variants alternate
-(A B A B) so load drift on the shared machine hits both alike. Tokens/s counts every token of the
-step's sequences (TRL's ``num_tokens``) over the wall time of ``trainer.train()``.
+forwarding callback, the batch's shared prompt prefix run once) and
+``traceops.train.grpo.build_grpo_trainer`` (constant-group dropping trainer, environment replay
+reward). "plain" is TRL's own ``SFTTrainer`` / ``GRPOTrainer`` with the same hyper-parameters, dataset,
+LoRA config and reward, and no traceops code in the step. Variants alternate (A B A B) so load drift
+on the shared machine hits both alike. Tokens/s counts every token of the step's sequences (TRL's
+``num_tokens``) over the wall time of ``trainer.train()``.
 
     .venv/bin/python benchmarks/train.py [--model embedded|tiny] [--repeats 2] [--sft-steps 3] \
         [--grpo-steps 1]
