@@ -29,7 +29,6 @@ class PrefixLoss:
     supervised: int
     correct: int
     entropy_sum: float
-    shared: int
 
 
 def shared_prefix_length(input_ids: Any, attention_mask: Any, labels: Any) -> int:
@@ -87,4 +86,4 @@ def prefix_shared_loss(causal_lm: Any, input_ids: Any, attention_mask: Any, labe
         entropy = float(-(log_probs.exp() * log_probs).sum())
         correct = int((logits.argmax(dim=-1) == picked).sum())
     return PrefixLoss(loss=total / torch.as_tensor(denominator).clamp(min=1), supervised=count,
-                      correct=correct, entropy_sum=entropy, shared=shared)
+                      correct=correct, entropy_sum=entropy)
