@@ -59,10 +59,12 @@ def load_base(random_init: str | None = None) -> nn.Module:
 
     try:
         from traceops.model.embedded import embedded_model_dir
+        from traceops.model.hub_kernels import kernel_kwargs
     except ImportError:
         embedded_model_dir = None
-    if embedded_model_dir is not None:
-        model = AutoModelForCausalLM.from_pretrained(str(embedded_model_dir()), dtype=torch.float32)
+    if embedded_model_dir is not None:  # loaded as traceops loads it (Hub kernels off)
+        model = AutoModelForCausalLM.from_pretrained(str(embedded_model_dir()), dtype=torch.float32,
+                                                     **kernel_kwargs())
     else:
         import importlib.util
 
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     weights = "random-init" if args.random_init else "embedded"
     print(f"SmolLM2-135M ({weights}, {args.dtype}) on {args.device}, threads={args.threads}, "
-          f"clock={clock_name} (cpu: tok/s per CPU-second), forward at "
+          f"clock={clock_name} (with the cpu clock, tok/s per CPU-second), forward at "
           f"{args.batch}x{args.seq}, decode at batch {args.decode_batch} ({args.prompt} prompt + "
           f"{args.new_tokens} new tokens), best of {args.rounds}")
     print(f"{'variant':<16}{'forward s':>11}{'x base':>9}{'decode tok/s':>14}{'x base':>9}")
