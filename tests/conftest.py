@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Prefect fixes its settings when first imported, which in a test session happens before any flow's
+# ``prepare`` can set them. The in-process flows start Prefect's ephemeral API server, which migrates a
+# fresh SQLite database first; on a loaded 2-core CI machine that took over Prefect's default 20 s and
+# failed a test, so the session gets the same generous start-up wait as ``prepare`` gives real runs.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 @pytest.fixture()
