@@ -6,7 +6,8 @@ and top-2 of 8 experts, per target-module set (all 7 projections, q/v only), plu
 the same 8 adapters (forward only: X-LoRA runs without KV cache). Variants alternate A B A B within
 each round; the figure kept per variant is the fastest round (least disturbed by other load).
 
-Prints a table, then one JSON object as the last line.
+Prints a table, then one JSON object as the last line. Each forward variant's FLOPs (counted by torch's
+FlopCounterMode) are printed against the base's too: the compute floor its measured time is read against.
 
     .venv/bin/python benchmarks/moe.py [--rounds 2] [--targets all,qv] [--no-xlora]
     python benchmarks/moe.py --device cuda --dtype bfloat16 [--random-init MODEL_DIR]   # on a GPU
@@ -135,6 +136,17 @@ def time_forward(model: Any, ids: torch.Tensor, clock: Callable[[], float]) -> f
         return clock() - start
 
 
+def count_flops(model: Any, ids: torch.Tensor) -> int:
+    """FLOPs of one full forward (no cache), counted by torch's FlopCounterMode over the ops that ran:
+    the compute a variant cannot avoid, against which its measured time is read."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.inference_mode(), counter:
+        model(input_ids=ids, use_cache=False)
+    return counter.get_total_flops()
+
+
 def time_decode(model: Any, prompt: torch.Tensor, new_tokens: int, clock: Callable[[], float]) -> float:
     """Generated tokens per second (greedy, KV cache, fixed length), prefill included."""
     with torch.inference_mode():
@@ -211,6 +223,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         lambda m: time_forward(m, ids[:1, :16], clock))
     decode = alternate(decode_variants, lambda m: time_decode(m, prompt, args.new_tokens, clock), args.rounds,
                        max, lambda m: time_decode(m, prompt[:2], 2, clock))
+    # One sequence of the forward batch: every variant's FLOPs scale with the batch alike.
+    flops = {name: count_flops(model, ids[:1]) for name, model in forward_variants.items()}
     tmp.cleanup()
 
     weights = "random-init" if args.random_init else "embedded"
@@ -218,11 +232,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"clock={clock_name} (with the cpu clock, tok/s per CPU-second), forward at "
           f"{args.batch}x{args.seq}, decode at batch {args.decode_batch} ({args.prompt} prompt + "
           f"{args.new_tokens} new tokens), best of {args.rounds}")
-    print(f"{'variant':<16}{'forward s':>11}{'x base':>9}{'decode tok/s':>14}{'x base':>9}")
+    print(f"{'variant':<16}{'forward s':>11}{'x base':>9}{'FLOPs x base':>14}"
+          f"{'decode tok/s':>14}{'x base':>9}")
     for name, seconds in forward.items():
         tps = decode.get(name)
         decode_cols = f"{tps:>14.1f}{tps / decode['base']:>9.2f}" if tps else f"{'-':>14}{'-':>9}"
-        print(f"{name:<16}{seconds:>11.3f}{seconds / forward['base']:>9.2f}{decode_cols}")
+        print(f"{name:<16}{seconds:>11.3f}{seconds / forward['base']:>9.2f}"
+              f"{flops[name] / flops['base']:>14.3f}{decode_cols}")
 
     result: dict[str, Any] = {"seconds": round(time.perf_counter() - started, 1), "clock": clock_name,
                               "device": args.device, "dtype": args.dtype, "weights": weights,
@@ -234,6 +250,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result[f"forward_ratio_top2of8_vs_base{suffix}"] = round(moe8 / forward["base"], 3)
         result[f"forward_ratio_top2of8_vs_lora{suffix}"] = round(moe8 / lora, 3)
         result[f"forward_ratio_top2of4_vs_base{suffix}"] = round(moe4 / forward["base"], 3)
+        # The compute floor of the forward ratio: the layer runs every expert's A and B densely (the
+        # gate zeroes the unselected ones), so top-2 of 8 costs the FLOPs of all 8.
+        result[f"flops_ratio_top2of8_vs_base{suffix}"] = round(flops[f"top2of8_{key}"] / flops["base"], 3)
         result[f"decode_ratio_vs_base{suffix}"] = round(decode[f"top2of8_{key}"] / decode["base"], 3)
         if key == "all" and "xlora8_all" in forward:
             result["speedup_vs_xlora"] = round(forward["xlora8_all"] / forward["top2of8_all"], 2)
