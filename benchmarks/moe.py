@@ -7,7 +7,8 @@ the same 8 adapters (forward only: X-LoRA runs without KV cache). Variants alter
 each round; the figure kept per variant is the fastest round (least disturbed by other load).
 
 Prints a table, then one JSON object as the last line. Each forward variant's FLOPs (counted by torch's
-FlopCounterMode) are printed against the base's too: the compute floor its measured time is read against.
+FlopCounterMode) and weights (the distinct tensors it reads) are printed against the base's too: the
+compute floor of its forward time and the memory-traffic floor of its small-batch decode.
 
     .venv/bin/python benchmarks/moe.py [--rounds 2] [--targets all,qv] [--no-xlora]
     python benchmarks/moe.py --device cuda --dtype bfloat16 [--random-init MODEL_DIR]   # on a GPU
@@ -147,6 +148,14 @@ def count_flops(model: Any, ids: torch.Tensor) -> int:
     return counter.get_total_flops()
 
 
+def count_weights(model: Any) -> int:
+    """Elements of the distinct tensors a forward reads (parameters and buffers, shared ones once):
+    what each decode step must stream from memory at small batch. A MoE variant wraps its module."""
+    module = model if isinstance(model, nn.Module) else model.model
+    unique = {t.data_ptr(): t.numel() for t in [*module.parameters(), *module.buffers()]}
+    return sum(unique.values())
+
+
 def time_decode(model: Any, prompt: torch.Tensor, new_tokens: int, clock: Callable[[], float]) -> float:
     """Generated tokens per second (greedy, KV cache, fixed length), prefill included."""
     with torch.inference_mode():
@@ -225,6 +234,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        max, lambda m: time_decode(m, prompt[:2], 2, clock))
     # One sequence of the forward batch: every variant's FLOPs scale with the batch alike.
     flops = {name: count_flops(model, ids[:1]) for name, model in forward_variants.items()}
+    tensors = {name: count_weights(model) for name, model in forward_variants.items()}
     tmp.cleanup()
 
     weights = "random-init" if args.random_init else "embedded"
@@ -232,13 +242,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"clock={clock_name} (with the cpu clock, tok/s per CPU-second), forward at "
           f"{args.batch}x{args.seq}, decode at batch {args.decode_batch} ({args.prompt} prompt + "
           f"{args.new_tokens} new tokens), best of {args.rounds}")
-    print(f"{'variant':<16}{'forward s':>11}{'x base':>9}{'FLOPs x base':>14}"
+    print(f"{'variant':<16}{'forward s':>11}{'x base':>9}{'FLOPs x base':>14}{'weights x base':>16}"
           f"{'decode tok/s':>14}{'x base':>9}")
     for name, seconds in forward.items():
         tps = decode.get(name)
         decode_cols = f"{tps:>14.1f}{tps / decode['base']:>9.2f}" if tps else f"{'-':>14}{'-':>9}"
         print(f"{name:<16}{seconds:>11.3f}{seconds / forward['base']:>9.2f}"
-              f"{flops[name] / flops['base']:>14.3f}{decode_cols}")
+              f"{flops[name] / flops['base']:>14.3f}{tensors[name] / tensors['base']:>16.3f}{decode_cols}")
 
     result: dict[str, Any] = {"seconds": round(time.perf_counter() - started, 1), "clock": clock_name,
                               "device": args.device, "dtype": args.dtype, "weights": weights,
@@ -253,6 +263,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # The compute floor of the forward ratio: the layer runs every expert's A and B densely (the
         # gate zeroes the unselected ones), so top-2 of 8 costs the FLOPs of all 8.
         result[f"flops_ratio_top2of8_vs_base{suffix}"] = round(flops[f"top2of8_{key}"] / flops["base"], 3)
+        # Likewise for decode at small batch, which streams every expert's weights at each step.
+        result[f"weights_ratio_top2of8_vs_base{suffix}"] = round(
+            tensors[f"top2of8_{key}"] / tensors["base"], 3)
         result[f"decode_ratio_vs_base{suffix}"] = round(decode[f"top2of8_{key}"] / decode["base"], 3)
         if key == "all" and "xlora8_all" in forward:
             result["speedup_vs_xlora"] = round(forward["xlora8_all"] / forward["top2of8_all"], 2)
