@@ -172,12 +172,13 @@ def test_composite_model_generates_like_the_moe_it_loads(
     assert completion.text == chat.tokenizer.decode(expected, skip_special_tokens=True)
 
 
-def test_composite_prefix_cache_is_exact_in_token_mode_and_off_in_request_mode(
+def test_composite_prefix_cache_is_exact_in_token_and_request_mode(
     tiny_model_dir: Path, adapter_dir: Path, tmp_path: Path
 ) -> None:
     """Token routing reads each token's own block input, so the shared-prefix KV cache gives the tokens
-    of uncached generation, turn after turn; a request-mode composite (one decision from the whole
-    prompt) does not use the cache."""
+    of uncached generation, turn after turn. A request-mode composite decides every row's route first and
+    generates each route's rows under that fixed gate from that route's cached prefix: the same tokens
+    as uncached generation, whose prefill decides."""
     from transformers import AutoModelForCausalLM
 
     from traceops.model.adapted import TrainedChatModel
@@ -185,22 +186,39 @@ def test_composite_prefix_cache_is_exact_in_token_mode_and_off_in_request_mode(
 
     second = random_adapter(tiny_model_dir, tmp_path / "second", seed=2)
     experts = {"first": adapter_dir, "second": second}
-    system = "You are a retail support agent. Look orders up before you answer, and follow the policy. " * 4
+    system = "You are a retail support agent. Look orders up before you answer, and follow the policy. "
+    texts = ("Cancel order 5", "Where is my parcel?", "hi", "Refund the blue shoes, order 77 please",
+             "zzzz", "What is your returns policy for opened electronics?")
     conversations = [[{"role": "system", "content": system}, {"role": "user", "content": text}]
-                     for text in ("Cancel order 5", "Where is my parcel?", "hi")]
+                     for text in texts]
     config = GenerationConfig(max_new_tokens=8)
     for mode in ("token", "request"):
         base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
-        folder = save_moe(build_moe(base, experts, top_k=1, mode=mode), tmp_path / f"composite-{mode}")
+        moe = build_moe(base, experts, top_k=1, mode=mode)
+        for router in moe.routers.values():  # a sharper router than the random init: rows route apart
+            router.proj.weight.data.mul_(50.0)
+        folder = save_moe(moe, tmp_path / f"composite-{mode}")
         chat = load_composite_model(tiny_model_dir, folder, batch_size=3)
-        assert chat.prefix_cache == (mode == "token")
+        assert chat.prefix_cache
         plain = TrainedChatModel.from_objects(chat.model, chat.tokenizer, chat.info, batch_size=3)
         first = chat.complete(conversations, config=config)
         assert first == plain.complete(conversations, config=config)
         turn = [c + [{"role": "assistant", "content": done.text}, {"role": "user", "content": "and?"}]
                 for c, done in zip(conversations, first, strict=True)]
         assert chat.complete(turn, config=config) == plain.complete(turn, config=config)
-        assert (chat._prefix is not None) == (mode == "token")  # the cache was really used
+        assert chat._prefix is not None  # the cache was really used
+        # One conversation alone: its whole prompt but the last token is the shared prefix, which
+        # extends the prefix the request decision stored for the batch.
+        assert chat.complete(turn[:1], config=config) == plain.complete(turn[:1], config=config)
+        if mode == "request":
+            prompts = [chat.prompt(c) for c in turn]
+            encoded = chat.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
+                                     add_special_tokens=False)
+            with torch.inference_mode():
+                routes = {tuple(row) for row in chat.composite.request_gates(
+                    encoded["input_ids"], encoded["attention_mask"]).tolist()}
+            assert len(routes) > 1  # more than one group: the grouping was exercised
+            assert len(chat._prefixes) > 1  # one cached prefix per route
 
 
 def test_bad_folders_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -63,6 +63,7 @@ class TrainedChatModel(LocalChatModel):
     """
 
     composite: Any = None
+    _decider: Any = None  # the composite's RequestDecider, made on first use
 
     def prompt(self, conversation: list[Any], tools: list[Any] | None = None) -> str:
         """The exact prompt text generation starts from for ``conversation``."""
@@ -74,8 +75,58 @@ class TrainedChatModel(LocalChatModel):
 
     def complete(self, conversations: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None,
                  config: GenerationConfig | None = None) -> list[Completion]:
-        """``LocalChatModel.complete`` over the training form of each conversation."""
-        return super().complete([training_conversation(c) for c in conversations], tools, config)
+        """``LocalChatModel.complete`` over the training form of each conversation.
+
+        A request-mode composite with the prefix cache on first decides every conversation's route,
+        then generates each group of equal decisions under that fixed gate (``_complete_by_route``):
+        the same greedy tokens as letting each batch's prefill decide, with the shared prefix computed
+        once per route instead of once per row and turn. Sampled output depends on the grouping (each
+        group is its own batch, seeded as ``complete`` seeds batches).
+        """
+        chats = [training_conversation(c) for c in conversations]
+        moe = self.composite
+        if (moe is not None and moe.mode == "request" and moe.state.forced is None and self.prefix_cache
+                and self._supports_prefix_cache()):
+            return self._complete_by_route(chats, tools, config)
+        return super().complete(chats, tools, config)
+
+    def _routing_state(self) -> tuple[Any, ...]:
+        """A composite's prefix keys and values depend on its mode, top-k and forced gate too."""
+        moe = self.composite
+        if moe is None:
+            return ()
+        forced = moe.state.forced
+        return (moe.mode, moe.top_k, None if forced is None else tuple(forced.flatten().tolist()))
+
+    def _complete_by_route(self, chats: list[list[dict[str, str]]], tools: list[dict[str, Any]] | None,
+                           config: GenerationConfig | None) -> list[Completion]:
+        """Request-mode completions generated route by route (see ``complete``). Decisions are made on
+        the batches ``complete`` would form, so each row gets the gate its own batch's prefill gives."""
+        import torch
+
+        from traceops.model.request_routing import RequestDecider
+
+        moe = self.composite
+        if self._decider is None or self._decider.moe is not moe:
+            self._decider = RequestDecider(self, moe)
+        experts = moe.config.num_experts
+        gates: list[tuple[float, ...]] = []
+        for start in range(0, len(chats), self.batch_size):
+            chunk = chats[start:start + self.batch_size]
+            prompts = [render_prompt(self.tokenizer, chat, tools) for chat in chunk]
+            rows = [list(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+            # The real experts' weights; under ``forced`` the null expert gets the rest of 1, as decided.
+            gates += [tuple(row) for row in self._decider.gates(rows)[:, :experts].tolist()]
+        groups: dict[tuple[float, ...], list[int]] = {}
+        for index, gate in enumerate(gates):
+            groups.setdefault(gate, []).append(index)
+        results: list[Completion | None] = [None] * len(chats)
+        for gate, rows in groups.items():
+            with moe.forced(torch.tensor(gate)):
+                done = super().complete([chats[i] for i in rows], tools, config)
+            for index, completion in zip(rows, done, strict=True):
+                results[index] = completion
+        return [completion for completion in results if completion is not None]
 
 
 def _has_tokenizer(folder: Path) -> bool:
@@ -192,8 +243,9 @@ def load_composite_model(base_model_dir: str | Path, composite_dir: str | Path,
     )
     # The HF model itself carries the routed layers and hooks: generate through it directly. Token routing
     # reads each token's own block input, so a token's keys and values still depend on earlier tokens only
-    # and the shared-prefix cache is exact; a request-mode decision pools the whole prompt, so it is not.
+    # and the shared-prefix cache is exact. A request-mode decision pools the whole prompt: the chat model
+    # decides first and generates each route's rows under that fixed gate, where the cache is exact again.
     chat = TrainedChatModel.from_objects(moe.model, _tokenizer(base_dir, folder), info, batch_size,
-                                         prefix_cache=moe.config.mode == "token")
+                                         prefix_cache=True)
     chat.composite = moe
     return chat

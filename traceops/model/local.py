@@ -40,6 +40,9 @@ from traceops.model.toolcalls import render_prompt
 
 # Shared prefixes shorter than this are not worth a separate forward pass.
 MIN_PREFIX_TOKENS = 16
+# Prefixes kept at once, one per routing state (a composite generating one group per expert); each is
+# the prefix's keys and values at batch 1 (about 46 MB per 1,000 tokens for the embedded model).
+PREFIX_SLOTS = 8
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _WEIGHT_PATTERNS = ["*.safetensors", "*.json", "*.jinja", "*.txt", "*.model", "tokenizer*"]
 
@@ -175,7 +178,7 @@ class LocalChatModel:
         self.info = info
         self.batch_size = batch_size
         self.prefix_cache = prefix_cache
-        self._prefix: _StoredPrefix | None = None
+        self._prefixes: dict[tuple[Any, ...], _StoredPrefix] = {}  # routing state -> prefix, oldest first
         self._cache_ok: bool | None = None
 
     def __repr__(self) -> str:
@@ -264,21 +267,37 @@ class LocalChatModel:
         """Changes whenever the weights may have: training mode, parameter set, in-place updates."""
         return (self.model.training, tuple((id(p), p._version) for p in self.model.parameters()))
 
+    def _routing_state(self) -> tuple[Any, ...]:
+        """What besides the weights decides a prefix's keys and values (nothing for a plain model; a
+        composite's mode, top-k and forced gate)."""
+        return ()
+
+    @property
+    def _prefix(self) -> _StoredPrefix | None:
+        """The most recently used stored prefix (None before the first)."""
+        return next(reversed(self._prefixes.values()), None)
+
     def _prefix_kv(self, tokens: list[int], device: Any) -> list[tuple[Any, Any]]:
-        """Keys and values (batch 1) of ``tokens`` per layer, reusing the stored prefix where it matches."""
+        """Keys and values (batch 1) of ``tokens`` per layer, reusing the prefix stored for the current
+        weights and routing where it matches."""
         import torch
 
-        state = self._weights_state()
-        stored = self._prefix if self._prefix is not None and self._prefix.state == state else None
+        weights, routing = self._weights_state(), self._routing_state()
+        if any(stored.state != weights for stored in self._prefixes.values()):
+            self._prefixes.clear()  # the weights changed: every stored prefix is stale
+        stored = self._prefixes.pop(routing, None)
         matched = len(os.path.commonprefix([stored.tokens, tokens])) if stored is not None else 0
         if stored is not None and matched == len(tokens):
+            self._prefixes[routing] = stored  # most recently used last
             return [(k[:, :, :matched], v[:, :, :matched]) for k, v in stored.layers]
         reused = [(k[:, :, :matched], v[:, :, :matched]) for k, v in stored.layers] if matched else None
         cache = self._growing_cache(reused, batch=1, capacity=len(tokens))
         ids = torch.tensor([tokens[matched:]], dtype=torch.long, device=device)
         self.model(input_ids=ids, cache=cache, use_cache=True, **self._no_logits())
         layers = [(layer.keys, layer.values) for layer in cache.layers]
-        self._prefix = _StoredPrefix(state=state, tokens=list(tokens), layers=layers)
+        self._prefixes[routing] = _StoredPrefix(state=weights, tokens=list(tokens), layers=layers)
+        while len(self._prefixes) > PREFIX_SLOTS:
+            self._prefixes.pop(next(iter(self._prefixes)))
         return layers
 
     def _no_logits(self) -> dict[str, Any]:
@@ -321,24 +340,11 @@ class LocalChatModel:
     def _generate_with_prefix(self, prompts: list[str], hf_config: Any, extra: dict[str, Any],
                               device: Any) -> tuple[list[list[int]], list[int]]:
         """Generate one batch from the shared-prefix cache; returns the new tokens and prompt lengths."""
-        import torch
-
         rows = [list(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
-        # Every row keeps at least one token of its own: generation needs logits at the last position.
-        shared = min(len(os.path.commonprefix(rows)), min(len(row) for row in rows) - 1)
-        if shared < MIN_PREFIX_TOKENS:
-            shared = 0
+        shared = shared_length(rows)
         prefix = self._prefix_kv(rows[0][:shared], device) if shared else None
-        width = shared + max(len(row) - shared for row in rows)
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            own = row[shared:]
-            input_ids[i, :shared] = torch.tensor(row[:shared], dtype=torch.long)
-            input_ids[i, width - len(own):] = torch.tensor(own, dtype=torch.long)
-            mask[i, :shared] = 1
-            mask[i, width - len(own):] = 1
+        input_ids, mask = prefix_layout(rows, shared, self.tokenizer.pad_token_id)
+        width = input_ids.shape[1]
         cache, attention = self._batch_cache(prefix, len(rows), width + hf_config.max_new_tokens)
         with attention:
             output = self.model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
@@ -364,9 +370,33 @@ class LocalChatModel:
         return [completion.text for completion in self.complete(conversations, tools, config)]
 
 
+def shared_length(rows: list[list[int]]) -> int:
+    """The tokens a batch's rows share from the start, worth caching (0 below ``MIN_PREFIX_TOKENS``).
+    Every row keeps at least one token of its own: generation needs logits at the last position."""
+    shared = min(len(os.path.commonprefix(rows)), min(len(row) for row in rows) - 1)
+    return shared if shared >= MIN_PREFIX_TOKENS else 0
+
+
+def prefix_layout(rows: list[list[int]], shared: int, pad: int) -> tuple[Any, Any]:
+    """``(input_ids, attention_mask)`` of a batch laid out as ``[shared prefix][padding][own tokens]``."""
+    import torch
+
+    width = shared + max(len(row) - shared for row in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        own = row[shared:]
+        input_ids[i, :shared] = torch.tensor(row[:shared], dtype=torch.long)
+        input_ids[i, width - len(own):] = torch.tensor(own, dtype=torch.long)
+        mask[i, :shared] = 1
+        mask[i, width - len(own):] = 1
+    return input_ids, mask
+
+
 @dataclass
 class _StoredPrefix:
-    """The last shared prefix's tokens and per-layer keys/values (batch 1), valid while ``state`` holds."""
+    """A shared prefix's tokens and per-layer keys/values (batch 1), valid while the weights ``state``
+    holds."""
 
     state: tuple[Any, ...]
     tokens: list[int]

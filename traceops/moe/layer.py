@@ -95,6 +95,8 @@ class MoELoRALinear(nn.Module):
                 "MoELoRALinear ran before its block's router: call the decoder layer (or the whole model), "
                 "not the projection alone, or use forward_gated(x, gate)"
             )
+        if self.router.state.prepass:  # the request decision's base-only pass: every expert's gate is 0
+            return self.base(x)
         return self.forward_gated(x, gate)
 
     def extra_repr(self) -> str:

@@ -24,6 +24,7 @@ from traceops.moe.router import (
     BlockRouter,
     RoutingState,
     forced_gate_tensor,
+    pooled_request_scores,
     request_scores,
     topk_gate,
 )
@@ -59,8 +60,9 @@ class MoEModel:
 
     def __init__(self, model: nn.Module, config: MoEConfig, routers: dict[str, BlockRouter],
                  layers: dict[str, MoELoRALinear], state: RoutingState, originals: dict[str, nn.Module],
-                 handles: list[Any]) -> None:
+                 handles: list[Any], decider: nn.Module | None = None) -> None:
         self.model = model
+        self._decider = decider  # the module whose pre-hook makes the request-mode decision
         self.config = config
         self.routers = routers
         self.layers = layers
@@ -110,7 +112,9 @@ class MoEModel:
             setattr(parent, child, wrapped)
             layers[path] = wrapped
             originals[path] = base
-        return cls(model, config, routers, layers, state, originals, handles)
+        first = min(owners, default=None)
+        decider = None if first is None else (model.get_submodule(first) if first else model)
+        return cls(model, config, routers, layers, state, originals, handles, decider=decider)
 
     # -- HF causal LM interface -----------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -164,6 +168,32 @@ class MoEModel:
     def router_parameters(self) -> list[nn.Parameter]:
         """The only trainable parameters of the composite: the routers' projections."""
         return [p for router in self.routers.values() for p in router.parameters()]
+
+    @contextmanager
+    def deciding(self) -> Iterator[dict[int, torch.Tensor]]:
+        """Run forward calls as the request decision's base-only pass; yields the blocks' router logits
+        (block index -> ``[B, T, E']``) of the calls inside."""
+        with _deciding(self.state, self.config.num_experts, self.device) as collected:
+            yield collected
+
+    def pooled_gates(self, pooled_logits: list[torch.Tensor]) -> torch.Tensor:
+        """The request-mode gate ``[B, E']`` from every block's prompt-mean router logits ``[B, E']`` (in
+        block order), as a prefill's decision combines them."""
+        return decision_gate(pooled_request_scores(pooled_logits), self.top_k)
+
+    def request_gates(self, input_ids: torch.Tensor,
+                      attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The request-mode decision ``[B, E']`` for left-padded prompts: the gate a request-mode prefill
+        of the same batch would fix (same base-only pass, positions derived from the mask as HF
+        ``generate`` derives them), whatever the current mode. Generating under ``forced`` with it
+        gives that prefill's tokens, and lets rows with the same decision share a prefix cache."""
+        if self._decider is None:
+            raise ConfigError("this composite has no decoder-block owner to run the decision pass on")
+        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        self.state.token_mask = mask
+        return _request_decision(self._decider, self.state, self.config.num_experts, input_ids, None, mask,
+                                 positions)
 
     @contextmanager
     def forced(self, weights: torch.Tensor | Mapping[str, float]) -> Iterator[None]:
@@ -244,23 +274,38 @@ def _model_hook(state: RoutingState, num_experts: int) -> Any:
     return hook
 
 
+@contextmanager
+def _deciding(state: RoutingState, num_experts: int,
+              device: torch.device) -> Iterator[dict[int, torch.Tensor]]:
+    """The request decision's base-only pass: forward calls inside run the base alone (every expert
+    gated 0, so the layers skip them), make no decision, record no trace; each block's router logits
+    land in the yielded dict. The routing state is restored after."""
+    saved = (state.forced, state.collect, state.recorder, state.prepass)
+    collected: dict[int, torch.Tensor] = {}
+    state.prepass, state.collect, state.recorder = True, collected, None
+    state.forced = torch.zeros(num_experts, device=device)  # every weight to the null expert: the base
+    try:
+        yield collected
+    finally:
+        state.forced, state.collect, state.recorder, state.prepass = saved
+
+
+def decision_gate(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The request-mode gate ``[B, E']`` from combined scores: top-k, renormalized."""
+    return topk_gate(scores, min(top_k, scores.shape[-1]))
+
+
 def _request_decision(module: nn.Module, state: RoutingState, num_experts: int, ids: torch.Tensor | None,
                       embeds: torch.Tensor | None, mask: Any, position_ids: Any) -> torch.Tensor:
     """The request-mode gate ``[B, E']``: one base-only pass over the prompt (every block's router reads
     the block input the probes were fitted on), its blocks' pooled scores combined (``request_scores``),
     top-k. Costs one more forward of the prompt per request; decoding steps reuse the decision."""
     token_mask = state.token_mask
-    saved = (state.forced, state.collect, state.recorder)
-    collected: dict[int, torch.Tensor] = {}
     device = (ids if ids is not None else embeds).device  # type: ignore[union-attr]
-    state.prepass, state.collect, state.recorder = True, collected, None
-    state.forced = torch.zeros(num_experts, device=device)  # every weight to the null expert: the base
     try:
-        module(input_ids=ids, inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
-               use_cache=False)
+        with _deciding(state, num_experts, device) as collected:
+            module(input_ids=ids, inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
+                   use_cache=False)
     finally:
-        state.prepass = False
-        state.forced, state.collect, state.recorder = saved
         state.prefill, state.past_length, state.token_mask = True, 0, token_mask
-    scores = request_scores([collected[i] for i in sorted(collected)], token_mask)
-    return topk_gate(scores, min(state.top_k, scores.shape[-1]))
+    return decision_gate(request_scores([collected[i] for i in sorted(collected)], token_mask), state.top_k)

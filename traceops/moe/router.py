@@ -47,8 +47,14 @@ def request_scores(layer_logits: list[torch.Tensor], mask: torch.Tensor | None) 
     log-probabilities keeps one block that is confidently wrong from vetoing the others (on the sample
     night's test prompts: 4 of 5 capabilities routed right against 3 of 5).
     """
-    pooled = [masked_mean(logits.float(), mask).softmax(dim=-1) for logits in layer_logits]
-    return torch.stack(pooled).mean(dim=0).clamp_min(1e-12).log()
+    return pooled_request_scores([masked_mean(logits.float(), mask) for logits in layer_logits])
+
+
+def pooled_request_scores(pooled_logits: list[torch.Tensor]) -> torch.Tensor:
+    """``request_scores`` from every block's prompt-mean router logits ``[B, E']`` (pooled already, say
+    from a cached prefix's sum plus the rest of the prompt)."""
+    probs = [pooled.float().softmax(dim=-1) for pooled in pooled_logits]
+    return torch.stack(probs).mean(dim=0).clamp_min(1e-12).log()
 
 
 def load_balance_loss(logits: torch.Tensor, gate: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -210,6 +216,7 @@ __all__ = [
     "forced_gate_tensor",
     "load_balance_loss",
     "masked_mean",
+    "pooled_request_scores",
     "router_z_loss",
     "topk_gate",
 ]
