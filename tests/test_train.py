@@ -362,6 +362,37 @@ def test_multi_turn_grpo_runs_through_trl_environment_factory(tmp_path: Path, ti
     assert [e for e in trainer.state.log_history if "reward" in e][0]["reward"] == 0.0
 
 
+def test_grpo_rollouts_from_the_prefix_cache_equal_trl_generation(tmp_path: Path, tiny_base: Path) -> None:
+    """The trainer's rollouts come from a shared-prefix KV cache; greedy, they are TRL's own tokens, for a
+    first turn (rows repeating one prompt) and a later round (rows with their own histories)."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
+
+    from traceops.train.data import grpo_rows
+    from traceops.train.grpo import build_grpo_trainer
+
+    env_set = load_environment_set(write_env_set(tmp_path / "envs", OrderEnv, "name", train=4))
+    tokenizer = load_tokenizer(str(tiny_base))
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(tiny_base)), AdapterSettings().lora_config())
+    budget = replace(BUDGETS["tiny"], grpo_steps=1, grpo_prompts_per_step=2, num_generations=2,
+                     max_completion_length=12)
+    rows = grpo_rows(env_set, tokenizer, multi_turn=True)
+    trainer = build_grpo_trainer(model, tokenizer, env_set, rows, budget, tmp_path / "grpo", 0, True)
+    trainer.generation_config.do_sample = False
+    prompts = [tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True,
+                                             return_dict=False) for row in rows[:2]]
+    first = [prompts[0], prompts[0], prompts[1], prompts[1]]
+    later = [first[0] + [11, 22, 33], first[1] + [44], first[2] + [55, 66], first[3]]
+    for batch in (first, later):
+        ours, _ = trainer._generate_single_turn(batch, None, {}, 2)
+        with torch.random.fork_rng(devices=[]):
+            theirs, _ = GRPOTrainer._generate_single_turn(trainer, batch, None, {}, 2)
+        assert ours == theirs and all(ours)
+    assert trainer._rollout_chat is not None and trainer._rollout_chat._prefix is not None
+
+
 class Interrupt(Exception):
     """Raised from the log callback to simulate a killed run."""
 
@@ -465,6 +496,9 @@ def test_multi_turn_rollout_limits_leave_room_for_the_oracle_episode(tmp_path: P
         episodes.append(len(full) - len(prompt))
     rollout = multi_turn_budget(env_set, tokenizer, small)
     assert rollout.max_turns == 2  # the oracle's two tool-calling turns
+    assert rollout.grpo_steps == small.multi_turn_grpo_steps == 1  # episodes cost a step several rounds
+    assert multi_turn_budget(env_set, tokenizer, replace(small, multi_turn_grpo_steps=None)).grpo_steps == \
+        small.grpo_steps
     assert rollout.max_completion_length > max(episodes) > small.max_completion_length // 2
     assert multi_turn_budget(env_set, tokenizer, replace(small, max_turns=1)).max_turns == 1
     tight = replace(small, sft_max_length=len(prompt) + 40, max_completion_length=8)

@@ -253,14 +253,7 @@ class LocalChatModel:
         """Whether every attention layer keeps a plain growing KV cache (no sliding window, no
         linear attention): only then is a prefix's cache valid for any continuation."""
         if self._cache_ok is None:
-            from transformers import DynamicCache
-            from transformers.cache_utils import DynamicLayer
-
-            try:
-                layers = DynamicCache(config=self.model.config).layers
-            except Exception:  # noqa: BLE001 - a config transformers cannot type: plain generation
-                layers = []
-            self._cache_ok = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+            self._cache_ok = supports_prefix_cache(self.model.config)
         return self._cache_ok
 
     def _weights_state(self) -> tuple[Any, ...]:
@@ -341,6 +334,14 @@ class LocalChatModel:
                               device: Any) -> tuple[list[list[int]], list[int]]:
         """Generate one batch from the shared-prefix cache; returns the new tokens and prompt lengths."""
         rows = [list(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        return self.generate_rows(rows, hf_config, extra, device), [len(row) for row in rows]
+
+    def generate_rows(self, rows: list[list[int]], hf_config: Any, extra: dict[str, Any] | None = None,
+                      device: Any = None) -> list[list[int]]:
+        """New tokens for each prompt row (token ids) under the HF ``hf_config``, from the shared-prefix
+        cache; rows that finish early are padded with ``pad_token_id`` (as ``generate`` pads them).
+        Samples from the global random state when ``hf_config`` samples (callers seed it)."""
+        device = device if device is not None else next(self.model.parameters()).device
         shared = shared_length(rows)
         prefix = self._prefix_kv(rows[0][:shared], device) if shared else None
         input_ids, mask = prefix_layout(rows, shared, self.tokenizer.pad_token_id)
@@ -348,8 +349,8 @@ class LocalChatModel:
         cache, attention = self._batch_cache(prefix, len(rows), width + hf_config.max_new_tokens)
         with attention:
             output = self.model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
-                                         cache=cache, generation_config=hf_config, **extra)
-        return output[:, width:].tolist(), [len(row) for row in rows]
+                                         cache=cache, generation_config=hf_config, **(extra or {}))
+        return output[:, width:].tolist()
 
     def _finish(self, row: list[int], prompt_length: int, eos: set[int],
                 config: GenerationConfig) -> Completion:
@@ -368,6 +369,19 @@ class LocalChatModel:
                  config: GenerationConfig | None = None) -> list[str]:
         """One assistant text per conversation (see ``complete``)."""
         return [completion.text for completion in self.complete(conversations, tools, config)]
+
+
+def supports_prefix_cache(config: Any) -> bool:
+    """Whether a model of this HF ``config`` keeps a plain growing KV cache in every attention layer (no
+    sliding window, no linear attention): only then is a prefix's cache valid for any continuation."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception:  # noqa: BLE001 - a config transformers cannot type: plain generation
+        layers = []
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
 def shared_length(rows: list[list[int]]) -> int:

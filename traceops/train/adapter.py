@@ -207,7 +207,8 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
     }
     rollout = multi_turn_budget(env_set, tokenizer, chosen) if multi_turn else chosen
     config["grpo_rollout"] = {"max_turns": rollout.max_turns,
-                              "max_completion_length": rollout.max_completion_length}
+                              "max_completion_length": rollout.max_completion_length,
+                              "steps": rollout.grpo_steps}
     key = content_hash(config)
     timings: dict[str, float] = {}
 
@@ -251,7 +252,7 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
 
         tick = time.perf_counter()
         peft_model = PeftModel.from_pretrained(model, str(sft_dir), is_trainable=True)
-        if chosen.grpo_steps > 0:
+        if rollout.grpo_steps > 0:
             rows = grpo_rows(env_set, tokenizer, multi_turn)
             trainer = build_grpo_trainer(peft_model, tokenizer, env_set, rows, rollout,
                                          ckpt.phase_dir(out, "grpo"), seed, multi_turn,

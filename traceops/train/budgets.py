@@ -58,6 +58,10 @@ class Budget:
     sft_gradient_checkpointing: bool | None = None
     temperature: float = 1.0
     eval_max_turns: int | None = None  # assistant turns per evaluation episode (None: max_turns)
+    # GRPO steps of multi-turn families (None: grpo_steps). A multi-turn step samples whole episodes (up to
+    # ``max_turns`` generation rounds) and takes its loss over ~1,300-token sequences: ~120 s on 2 cores
+    # with the embedded model against ~20 s for a single-turn step.
+    multi_turn_grpo_steps: int | None = None
     # Splits scored before and after training. The CPU budget scores val only: the nightly's evaluate
     # stage scores every model on the test splits anyway, and each split costs minutes of generation.
     eval_splits: tuple[str, ...] = ("val", "test")
@@ -93,6 +97,7 @@ BUDGETS: dict[str, Budget] = {
         grpo_steps=2, grpo_prompts_per_step=1, num_generations=4, max_completion_length=96, grpo_lr=1e-5,
         max_turns=9, eval_tasks=4, eval_max_new_tokens=100, save_steps=4, eval_max_turns=9,
         gradient_checkpointing=True, sft_gradient_checkpointing=False, eval_splits=("val",),
+        multi_turn_grpo_steps=1,
     ),
     "full": Budget(
         name="full", sft_steps=400, sft_batch_size=16, sft_max_length=2048, sft_lr=2e-4,

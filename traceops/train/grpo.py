@@ -63,6 +63,19 @@ def _trainer_class() -> type:
                 self._metrics["train"]["groups"].append(float(total))
             return output
 
+        def _generate_single_turn(self, prompt_ids: list[list[int]], images: Any, multimodal_fields: Any,
+                                  num_generations: int, has_tool_images: bool = False) -> tuple[Any, Any]:
+            # TRL's plain transformers path re-reads every row's whole prompt each tool round; the rows of a
+            # step share their prompt, so generate from a shared-prefix KV cache instead (same sampler).
+            from traceops.model.local import supports_prefix_cache
+
+            if (self.use_vllm or self.use_transformers_continuous_batching or images is not None
+                    or multimodal_fields or self._is_vlm or self.args.cache_implementation is not None
+                    or not supports_prefix_cache(self.model.config)):
+                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                     has_tool_images)
+            return prefix_cached_rollouts(self, prompt_ids), None
+
         def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                          num_items_in_batch: Any = None) -> Any:
             skip = not return_outputs and not bool((inputs["completion_mask"] * inputs["tool_mask"]).any())
@@ -76,6 +89,38 @@ def _trainer_class() -> type:
     return DroppingGRPOTrainer
 
 
+def prefix_cached_rollouts(trainer: Any, prompt_ids: list[list[int]]) -> list[list[int]]:
+    """Sampled completion ids of ``prompt_ids`` under the trainer's generation config, generated through
+    ``LocalChatModel.generate_rows``: the rows' common prefix (the step's prompt, shared by its
+    ``num_generations`` rows and kept across tool rounds) is computed once while the weights stay the
+    same, instead of once per row and round. Each row is cut after its first end-of-sequence token,
+    as TRL cuts them."""
+    import torch
+    from trl.models import unwrap_model_for_generation
+
+    from traceops.model.base import ModelInfo
+    from traceops.model.local import LocalChatModel
+
+    with (unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                      gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+                                      generation_kwargs=trainer.generation_kwargs,
+                                      gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
+          as unwrapped, torch.no_grad()):
+        # The PEFT wrapper's base model carries the LoRA layers and HF's full forward signature.
+        network = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
+        chat = getattr(trainer, "_rollout_chat", None)
+        if chat is None or chat.model is not network:
+            mode = network.training
+            chat = LocalChatModel.from_objects(network, trainer.processing_class,
+                                               ModelInfo(model_id="grpo-rollout", weights_hash="in-memory"),
+                                               batch_size=max(1, len(prompt_ids)), prefix_cache=True)
+            network.train(mode)  # from_objects switches to eval; rollouts sample in the trainer's mode
+            trainer._rollout_chat = chat
+        rows = chat.generate_rows(prompt_ids, trainer.generation_config)
+    eos = set(trainer.eos_token_ids)
+    return [row[:next((i + 1 for i, token in enumerate(row) if token in eos), len(row))] for row in rows]
+
+
 def multi_turn_budget(env_set: EnvironmentSet, tokenizer: Any, budget: Budget, sample: int = 32) -> Budget:
     """``budget`` with rollout limits sized to the family's oracle episodes (first ``sample`` train tasks).
 
@@ -84,7 +129,8 @@ def multi_turn_budget(env_set: EnvironmentSet, tokenizer: Any, budget: Budget, s
     below what the oracle needs make a reward of 1.0 unreachable, so every group is constant and GRPO
     learns nothing: the completion limit is the longest oracle episode plus one turn's worth
     (``budget.max_completion_length``), the rounds are the most tool-calling turns the oracle takes;
-    both are capped by the budget (``sft_max_length`` for the whole sequence, ``max_turns`` rounds).
+    both are capped by the budget (``sft_max_length`` for the whole sequence, ``max_turns`` rounds). The
+    steps are the budget's ``multi_turn_grpo_steps`` where it sets them.
     """
     env = env_set.factory()
     tools = env.tool_specs()
@@ -101,7 +147,9 @@ def multi_turn_budget(env_set: EnvironmentSet, tokenizer: Any, budget: Budget, s
         rounds = max(rounds, len(calls))
         room = min(room, budget.sft_max_length - len(prompt))
     completion = min(longest + budget.max_completion_length, max(room, budget.max_completion_length))
-    return replace(budget, max_completion_length=completion, max_turns=max(1, min(budget.max_turns, rounds)))
+    steps = budget.grpo_steps if budget.multi_turn_grpo_steps is None else budget.multi_turn_grpo_steps
+    return replace(budget, max_completion_length=completion, max_turns=max(1, min(budget.max_turns, rounds)),
+                   grpo_steps=steps)
 
 
 def grpo_args(budget: Budget, output_dir: Path, seed: int, multi_turn: bool) -> Any:
