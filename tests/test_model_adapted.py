@@ -177,8 +177,9 @@ def test_composite_prefix_cache_is_exact_in_token_and_request_mode(
 ) -> None:
     """Token routing reads each token's own block input, so the shared-prefix KV cache gives the tokens
     of uncached generation, turn after turn. A request-mode composite decides every row's route first and
-    generates each route's rows under that fixed gate from that route's cached prefix: the same tokens
-    as uncached generation, whose prefill decides."""
+    generates each route's rows under that fixed gate from that route's cached prefix (top-1), or each
+    batch under its rows' own mixes (top-2): the same tokens as uncached generation, whose prefill
+    decides."""
     from transformers import AutoModelForCausalLM
 
     from traceops.model.adapted import TrainedChatModel
@@ -192,12 +193,12 @@ def test_composite_prefix_cache_is_exact_in_token_and_request_mode(
     conversations = [[{"role": "system", "content": system}, {"role": "user", "content": text}]
                      for text in texts]
     config = GenerationConfig(max_new_tokens=8)
-    for mode in ("token", "request"):
+    for mode, top_k in (("token", 1), ("request", 1), ("request", 2)):
         base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
-        moe = build_moe(base, experts, top_k=1, mode=mode)
+        moe = build_moe(base, experts, top_k=top_k, mode=mode)
         for router in moe.routers.values():  # a sharper router than the random init: rows route apart
             router.proj.weight.data.mul_(50.0)
-        folder = save_moe(moe, tmp_path / f"composite-{mode}")
+        folder = save_moe(moe, tmp_path / f"composite-{mode}-{top_k}")
         chat = load_composite_model(tiny_model_dir, folder, batch_size=3)
         assert chat.prefix_cache
         plain = TrainedChatModel.from_objects(chat.model, chat.tokenizer, chat.info, batch_size=3)
@@ -206,11 +207,11 @@ def test_composite_prefix_cache_is_exact_in_token_and_request_mode(
         turn = [c + [{"role": "assistant", "content": done.text}, {"role": "user", "content": "and?"}]
                 for c, done in zip(conversations, first, strict=True)]
         assert chat.complete(turn, config=config) == plain.complete(turn, config=config)
-        assert chat._prefix is not None  # the cache was really used
+        assert (chat._prefix is not None) == (top_k == 1)  # the generation cache was really used
         # One conversation alone: its whole prompt but the last token is the shared prefix, which
         # extends the prefix the request decision stored for the batch.
         assert chat.complete(turn[:1], config=config) == plain.complete(turn[:1], config=config)
-        if mode == "request":
+        if mode == "request" and top_k == 1:
             prompts = [chat.prompt(c) for c in turn]
             encoded = chat.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
                                      add_special_tokens=False)

@@ -375,7 +375,8 @@ def test_grpo_rollouts_from_the_prefix_cache_equal_trl_generation(tmp_path: Path
 
     env_set = load_environment_set(write_env_set(tmp_path / "envs", OrderEnv, "name", train=4))
     tokenizer = load_tokenizer(str(tiny_base))
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(tiny_base)), AdapterSettings().lora_config())
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_base))
+    model = get_peft_model(base, AdapterSettings().lora_config())
     budget = replace(BUDGETS["tiny"], grpo_steps=1, grpo_prompts_per_step=2, num_generations=2,
                      max_completion_length=12)
     rows = grpo_rows(env_set, tokenizer, multi_turn=True)

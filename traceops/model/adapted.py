@@ -117,6 +117,10 @@ class TrainedChatModel(LocalChatModel):
             rows = [list(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
             # The real experts' weights; under ``forced`` the null expert gets the rest of 1, as decided.
             gates += [tuple(row) for row in self._decider.gates(rows)[:, :experts].tolist()]
+        if moe.top_k > 1:
+            # Mixes of several experts are continuous: rows rarely share one, and batch-1 groups would decode
+            # slowly. Each batch generates under its rows' own gates, without the prefix cache.
+            return self._complete_under_gates(chats, gates, tools, config)
         groups: dict[tuple[float, ...], list[int]] = {}
         for index, gate in enumerate(gates):
             groups.setdefault(gate, []).append(index)
@@ -127,6 +131,23 @@ class TrainedChatModel(LocalChatModel):
             for index, completion in zip(rows, done, strict=True):
                 results[index] = completion
         return [completion for completion in results if completion is not None]
+
+    def _complete_under_gates(self, chats: list[list[dict[str, str]]], gates: list[tuple[float, ...]],
+                              tools: list[dict[str, Any]] | None,
+                              config: GenerationConfig | None) -> list[Completion]:
+        """Batches of ``complete`` generated under their rows' forced gates, with the prefix cache off
+        (a batch-1 prefix pass cannot carry per-row gates)."""
+        import torch
+
+        results: list[Completion] = []
+        self.prefix_cache = False
+        try:
+            for start in range(0, len(chats), self.batch_size):
+                with self.composite.forced(torch.tensor(gates[start:start + self.batch_size])):
+                    results += super().complete(chats[start:start + self.batch_size], tools, config)
+        finally:
+            self.prefix_cache = True
+        return results
 
 
 def _has_tokenizer(folder: Path) -> bool:

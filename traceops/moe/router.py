@@ -175,8 +175,10 @@ class BlockRouter(nn.Module):
         if forced is None:
             raise ConfigError("forced routing was requested without a gate; use MoEModel.forced(weights)")
         forced = forced.to(device=hidden.device, dtype=torch.float32)
-        while forced.dim() < 3:
-            forced = forced.unsqueeze(0)
+        if forced.dim() == 1:  # [E]: every row and token
+            forced = forced.view(1, 1, -1)
+        elif forced.dim() == 2:  # [B, E]: one gate per row, every token
+            forced = forced.unsqueeze(1)
         forced = forced.expand(hidden.shape[0], hidden.shape[1], -1)
         if self.null_expert:
             # Whatever weight the experts do not take goes to the base (null expert).
