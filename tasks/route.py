@@ -47,6 +47,7 @@ ROUTE_DEFAULTS: dict[str, Any] = {
     "probe_steps": 200,        # probe phase before the SGD steps: Adam steps per router (0: none)
     "probe_tokens": 64,        # block inputs sampled per demonstration and forced routing
     "probe_max_length": 2048,  # tokens of a demonstration the probe reads (whole conversations here)
+    "decision_weight": 1.0,    # request-mode decision loss on the demonstrations' whole prompts
     "train_examples": 16,      # demonstrations per capability drawn from the train split (null: all)
     "heldout_fraction": 0.2,   # of those, held out to measure routing accuracy
     "val_examples": 4,         # demonstrations per capability from the val split for the routing trace
@@ -146,12 +147,15 @@ def fit_metrics(fit: dict[str, Any], routing: dict[str, dict[str, Any]]) -> dict
         "fit_seconds": fit["seconds"], "fit_examples": float(fit["n_train"]),
         "heldout_examples": float(fit["n_heldout"]),
     }
-    for name in ("probe_routing_accuracy", "probe_sequence_accuracy", "probe_train_accuracy"):
-        if fit.get(name) is not None:  # None: the fit had no probe phase
+    for name in ("probe_routing_accuracy", "probe_sequence_accuracy", "probe_train_accuracy",
+                 "decision_accuracy", "initial_decision_accuracy", "probe_decision_accuracy"):
+        if fit.get(name) is not None:  # None: the fit had no probe phase, or no conversations
             metrics[name] = float(fit[name])
     if fit.get("probe_samples"):
         metrics["probe_samples"] = float(fit["probe_samples"])
         metrics["probe_seconds"] = float(fit["probe_seconds"])
+    if fit.get("decision_prompts"):
+        metrics["decision_prompts"] = float(fit["decision_prompts"])
     for capability, accuracy in fit["per_capability_accuracy"].items():
         metrics[f"routing_accuracy.{capability}"] = accuracy
     for capability, row in routing.items():
@@ -301,7 +305,8 @@ def _fit_and_save(paths: config.Paths, adapters: list[dict[str, Any]], base_dir:
         balance_weight=float(params["balance_weight"]), z_weight=float(params["z_weight"]),
         heldout_fraction=float(params["heldout_fraction"]), seed=seed,
         probe_steps=int(params["probe_steps"]), probe_tokens=int(params["probe_tokens"]),
-        probe_max_length=int(params["probe_max_length"]))
+        probe_max_length=int(params["probe_max_length"]),
+        decision_weight=float(params["decision_weight"]))
     fit = fit_router(moe, tokenizer, train, fit_config)
     tick = time.perf_counter()
     routing = evaluate_routing(moe, tokenizer, {c: rows for c, rows in val.items() if rows},

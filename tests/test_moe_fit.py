@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from traceops.errors import ConfigError, InputError
 from traceops.moe import FitConfig, build_moe, evaluate_routing, fit_router
+from traceops.moe.decision import prompt_means, prompt_targets
 from traceops.moe.fit import _batch, _encode, _lm_loss, _routed_lm_loss, _split_head
 
 WORDS_A = [f"alpha{i}" for i in range(30)]
@@ -125,6 +126,14 @@ def test_encode_labels_every_assistant_turn_and_keeps_the_tail() -> None:
     assert encoded.expert == 1
     short = _encode(tokenizer, row, expert=1, max_length=6, where="row")
     assert short.input_ids == encoded.input_ids[-6:] and short.labels == encoded.labels[-6:]
+    # Decision prompts: the conversation up to each assistant turn, generation prompt included, as the
+    # agent loop renders them; a conversation cut to its tail has lost their head and has none.
+    prompts = [tokenizer.apply_chat_template(chat[:i], tokenize=True, add_generation_prompt=True)
+               for i in (1, 3)]
+    prompts = [list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts]
+    assert encoded.decision_ends == [len(p) for p in prompts]
+    assert all(encoded.input_ids[:len(p)] == p for p in prompts)
+    assert short.decision_ends == []
     with pytest.raises(InputError):
         _encode(tokenizer, {"messages": []}, expert=0, max_length=8, where="bad")
 
@@ -167,3 +176,45 @@ def test_fit_with_neither_probe_nor_steps_is_refused(setup):
     moe = build_moe(copy.deepcopy(base), dirs)
     with pytest.raises(ConfigError, match="nothing would fit"):
         fit_router(moe, tokenizer, examples, FitConfig(steps=0, probe_steps=0))
+
+
+def test_prompt_means_are_the_mean_normalized_input_over_each_prompt() -> None:
+    hidden = torch.randn(2, 5, 8)
+    ends = torch.tensor([[2, 5], [3, 0]])
+    got = prompt_means(hidden, ends)
+    normed = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6)
+    expected = torch.stack([normed[0, :2].mean(0), normed[0, :5].mean(0), normed[1, :3].mean(0)])
+    torch.testing.assert_close(got, expected)
+    assert prompt_targets(torch.tensor([1, 0]), ends).tolist() == [1, 1, 0]
+
+
+def shared_prefix_chats(words: list[str], n: int, seed: int) -> list:
+    """Conversations whose long system prompt is the same for every capability: only the user turns
+    and answers (a few tokens) tell the capability, as on agent prompts with shared tool schemas."""
+    rng = random.Random(seed)
+    system = " ".join(WORDS_A[i % 30] if i % 2 else WORDS_B[i % 30] for i in range(40))
+    return [[{"role": "system", "content": system},
+             {"role": "user", "content": " ".join(rng.choices(words, k=3))},
+             {"role": "assistant", "content": " ".join(rng.choices(words, k=3))},
+             {"role": "user", "content": " ".join(rng.choices(words, k=2))},
+             {"role": "assistant", "content": " ".join(rng.choices(words, k=2))}] for _ in range(n)]
+
+
+@pytest.mark.slow
+def test_fit_supervises_the_request_decision_on_whole_prompts(setup):
+    tokenizer, base, dirs, _ = setup
+    examples = {"lookup": shared_prefix_chats(WORDS_A, 20, 0), "refusal": shared_prefix_chats(WORDS_B, 20, 1)}
+    moe = build_moe(copy.deepcopy(base), dirs, top_k=1, mode="request")
+    result = fit_router(moe, tokenizer, examples,
+                        FitConfig(steps=4, batch_size=4, probe_steps=100, probe_tokens=8, seed=0))
+    # Two decision prompts per held-out conversation (one per assistant turn).
+    assert result.decision_prompts == 2 * result.n_heldout == 16
+    assert result.initial_decision_accuracy is not None and result.initial_decision_accuracy < 0.9
+    assert result.probe_decision_accuracy is not None and result.decision_accuracy is not None
+    assert result.decision_accuracy > 0.9
+    # The measure is the composite's own request decision: the gate a prefill of the prompt fixes.
+    chat = examples["refusal"][0][:3]
+    ids = tokenizer.apply_chat_template(chat[:2], tokenize=True, add_generation_prompt=True)
+    ids = torch.tensor([list(ids["input_ids"] if hasattr(ids, "keys") else ids)])
+    gate = moe.request_gates(ids)
+    assert moe.experts[int(gate[0].argmax())] == "refusal"

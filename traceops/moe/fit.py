@@ -7,7 +7,9 @@ forward passes only, and it sees every token, the shared system prompt and tools
 ``route_weight`` * supervised routing (every token of capability c's data goes to expert c,
 cross-entropy on each block's router logits) + ``lm_weight`` * LM loss on the demonstrations
 (routed through the current top-k gate) + ``balance_weight`` * Switch load balancing +
-``z_weight`` * router z-loss. Held-out examples measure routing accuracy before, between and after.
+``z_weight`` * router z-loss. Both phases also fit the request-mode decision on the demonstrations'
+decision prompts (``decision_weight``, ``traceops.moe.decision``). Held-out examples measure routing
+accuracy before, between and after.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from traceops.errors import ConfigError, InputError
+from traceops.moe.decision import DecisionSamples, decision_accuracy, decision_loss
 from traceops.moe.model import MoEModel
 from traceops.moe.probe import collect_block_inputs, fit_probes
 from traceops.moe.router import load_balance_loss, request_scores, router_z_loss, topk_gate
@@ -49,6 +52,7 @@ class FitConfig:
     probe_routings: tuple[str, ...] = ("own", "base")
     probe_max_length: int = 2048    # tokens of a demonstration the probe reads (its tail beyond that)
     probe_batch_size: int = 4
+    decision_weight: float = 1.0    # request-mode decision loss on whole prompts (0: token-level only)
 
 
 @dataclass
@@ -58,6 +62,9 @@ class FitResult:
     ``routing_accuracy``: share of held-out (token, layer) pairs whose top-1 router choice is the
     example's capability; ``sequence_accuracy``: the share of held-out sequences whose request-mode
     choice (all blocks' pooled scores combined) is their capability;
+    ``decision_accuracy``: the share of held-out decision prompts (each prefix of a held-out conversation
+    up to an assistant turn, as the agent loop sends it) whose request-mode choice is their capability,
+    None without conversations;
     ``initial_*``: before fitting; ``probe_*``: after the probe phase (None without one), with
     ``probe_train_accuracy`` the mean over layers of the probes' accuracy on their own samples.
     """
@@ -78,6 +85,10 @@ class FitResult:
     probe_train_accuracy: float | None = None
     probe_samples: int = 0
     probe_seconds: float = 0.0
+    decision_accuracy: float | None = None
+    initial_decision_accuracy: float | None = None
+    probe_decision_accuracy: float | None = None
+    decision_prompts: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +99,9 @@ class _Encoded:
     input_ids: list[int]
     labels: list[int]
     expert: int
+    # Lengths of the decision prompts (the conversation up to each assistant turn, generation prompt
+    # included); empty for texts and for conversations cut to their tail.
+    decision_ends: list[int] = field(default_factory=list)
 
 
 def _encode(tokenizer: Any, example: Example, expert: int, max_length: int, where: str) -> _Encoded:
@@ -110,24 +124,29 @@ def _encode(tokenizer: Any, example: Example, expert: int, max_length: int, wher
     full = render(example)
     labels = list(full)
     answers = [i for i, m in enumerate(example) if m.get("role") == "assistant" and i > 0]
+    ends: list[int] = []
     if answers:
         # LM loss on the assistant turns only (as SFT trained them): the rest is context. A template whose
         # prefixes do not render as prefixes of the whole falls back to the whole conversation.
         masked = [-100] * len(full)
         for i in answers:
-            start, end = len(render(example[:i], prompt=True)), render(example[: i + 1])
-            if full[: len(end)] != end:
-                masked = labels
+            prompt, end = render(example[:i], prompt=True), render(example[: i + 1])
+            if full[: len(end)] != end or full[: len(prompt)] != prompt:
+                masked, ends = labels, []
                 break
-            masked[start:len(end)] = full[start:len(end)]
+            masked[len(prompt):len(end)] = full[len(prompt):len(end)]
+            ends.append(len(prompt))
         labels = masked
-    # Keep the tail: a conversation ends with the answer, its head is the (long) system prompt.
-    return _Encoded(full[-max_length:], labels[-max_length:], expert)
+    # Keep the tail: a conversation ends with the answer, its head is the (long) system prompt. A cut
+    # conversation has lost the head its decision prompts start with.
+    return _Encoded(full[-max_length:], labels[-max_length:], expert,
+                    ends if len(full) <= max_length else [])
 
 
 def _tail(item: _Encoded, max_length: int) -> _Encoded:
     """The last ``max_length`` tokens of an encoded example (its answer end)."""
-    return _Encoded(item.input_ids[-max_length:], item.labels[-max_length:], item.expert)
+    return _Encoded(item.input_ids[-max_length:], item.labels[-max_length:], item.expert,
+                    item.decision_ends if len(item.input_ids) <= max_length else [])
 
 
 def _ids(value: Any) -> list[int]:
@@ -151,8 +170,11 @@ def _batch(items: list[_Encoded], pad_id: int, device: torch.device) -> dict[str
         labels[row, :n] = torch.tensor(item.labels)
         mask[row, :n] = 1
     target = torch.tensor([i.expert for i in items], dtype=torch.long)
+    ends = torch.zeros((len(items), max(1, *(len(i.decision_ends) for i in items))), dtype=torch.long)
+    for row, item in enumerate(items):
+        ends[row, :len(item.decision_ends)] = torch.tensor(item.decision_ends, dtype=torch.long)
     return {"input_ids": ids.to(device), "labels": labels.to(device), "attention_mask": mask.to(device),
-            "target": target.to(device)}
+            "target": target.to(device), "decision_ends": ends}
 
 
 def _split(moe: MoEModel, tokenizer: Any, examples: dict[str, list[Example]], config: FitConfig,
@@ -304,9 +326,15 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
     try:
         model.eval()  # no dropout: the frozen parts must behave as at inference
         init_tok, init_seq, _ = routing_accuracy(moe, held_batches)
+        held_decisions = _decision_samples(moe, full_heldout, pad_id, config)
+        init_decision = decision_accuracy(moe, held_decisions) if held_decisions else None
         if config.probe_steps:
             probe = _probe_phase(moe, full_train, pad_id, config)
             probe["tok"], probe["seq"], _ = routing_accuracy(moe, held_batches)
+            probe["decision"] = decision_accuracy(moe, held_decisions) if held_decisions else None
+        decisions: DecisionSamples | None = probe.get("decisions")
+        if decisions is None and config.decision_weight and config.steps:
+            decisions = _decision_samples(moe, full_train, pad_id, config)
         by_expert: dict[int, list[_Encoded]] = {}
         for item in train:
             by_expert.setdefault(item.expert, []).append(item)
@@ -330,6 +358,8 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
             z = torch.stack([router_z_loss(lg, mask) for lg in layer_logits]).mean()
             total = (config.route_weight * route + config.lm_weight * lm + config.balance_weight * balance
                      + config.z_weight * z)
+            if decisions is not None and decisions.count and config.decision_weight:
+                total = total + config.decision_weight * decision_loss(moe, decisions)
             optimizer.zero_grad(set_to_none=True)
             total.backward()
             optimizer.step()
@@ -337,6 +367,7 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
             for key, value in parts.items():
                 losses[key].append(float(value.detach()))
         tok, seq, per = routing_accuracy(moe, held_batches)
+        final_decision = decision_accuracy(moe, held_decisions) if held_decisions else None
     finally:
         for name, p in model.named_parameters():
             p.requires_grad_(grad_flags.get(name, p.requires_grad))
@@ -358,6 +389,10 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
         probe_train_accuracy=probe.get("train"),
         probe_samples=int(probe.get("samples", 0)),
         probe_seconds=float(probe.get("seconds", 0.0)),
+        decision_accuracy=final_decision,
+        initial_decision_accuracy=init_decision,
+        probe_decision_accuracy=probe.get("decision"),
+        decision_prompts=held_decisions.count if held_decisions else 0,
     )
 
 
@@ -370,9 +405,23 @@ def _probe_phase(moe: MoEModel, train: list[_Encoded], pad_id: int, config: FitC
     batches = [_batch(ordered[i:i + step], pad_id, moe.device) for i in range(0, len(ordered), step)]
     samples = collect_block_inputs(moe, batches, _route_forward, config.probe_tokens,
                                    config.probe_routings, config.seed)
-    accuracy = fit_probes(moe, samples, config.probe_steps, config.probe_learning_rate, config.z_weight)
+    accuracy = fit_probes(moe, samples, config.probe_steps, config.probe_learning_rate, config.z_weight,
+                          config.decision_weight)
     return {"train": sum(accuracy.values()) / len(accuracy), "samples": samples.count,
-            "seconds": time.perf_counter() - tick}
+            "seconds": time.perf_counter() - tick, "decisions": samples.decisions}
+
+
+def _decision_samples(moe: MoEModel, items: list[_Encoded], pad_id: int,
+                      config: FitConfig) -> DecisionSamples | None:
+    """The decision prompts' pooled block inputs of ``items`` (one base-only pass over the conversations
+    that have them); None when none has."""
+    with_prompts = sorted((item for item in items if item.decision_ends), key=lambda i: len(i.input_ids))
+    if not with_prompts:
+        return None
+    step = config.probe_batch_size
+    batches = [_batch(with_prompts[i:i + step], pad_id, moe.device)
+               for i in range(0, len(with_prompts), step)]
+    return collect_block_inputs(moe, batches, _route_forward, 0, ("base",), config.seed).decisions
 
 
 @torch.no_grad()

@@ -11,6 +11,10 @@ logistic regression whose target is the demonstration's expert.
 Samples come from the whole conversation, the system prompt and tool schemas included: at inference every
 token is routed, and where families share a prefix the probe learns their prior there, so the decision
 falls to the tokens that differ (the user turn, the tool results, the answers).
+
+The base-routing pass also reads each demonstration's decision prompts (``traceops.moe.decision``): a
+batch with ``decision_ends`` gets their prompt-mean block inputs, and the probes fit the request-mode
+decision on them too, since that pooled mean is what a request-mode composite decides on.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from traceops.errors import ConfigError
+from traceops.moe.decision import DecisionSamples, prompt_means, prompt_targets
 from traceops.moe.model import MoEModel
 from traceops.moe.router import router_z_loss
 
@@ -32,10 +37,12 @@ ROUTINGS = ("own", "base")
 @dataclass(frozen=True)
 class ProbeSamples:
     """Block inputs sampled from the demonstrations: ``features[layer]`` is ``[N, hidden]`` (float32) and
-    ``targets`` the ``[N]`` expert index of each sample's demonstration, the same rows in every layer."""
+    ``targets`` the ``[N]`` expert index of each sample's demonstration, the same rows in every layer;
+    ``decisions`` the prompt means of the batches' ``decision_ends`` under base routing (None: none)."""
 
     features: dict[int, torch.Tensor]
     targets: torch.Tensor
+    decisions: DecisionSamples | None = None
 
     @property
     def count(self) -> int:
@@ -67,14 +74,18 @@ def collect_block_inputs(moe: MoEModel, batches: Sequence[dict[str, torch.Tensor
     """Forward every batch (``input_ids``, ``attention_mask``, ``target``) once per routing in ``routings``
     (``own``: each row forced to its ``target`` expert; ``base``: no expert) and keep the input of every
     routed block at up to ``per_row`` random real positions of each row. ``run`` does the forward (the
-    decoder alone is enough: only block inputs are read)."""
+    decoder alone is enough: only block inputs are read). Under ``base`` routing a batch's
+    ``decision_ends`` (``[B, D]`` prompt lengths, 0 padding), when it has them, also give the prompt-mean
+    inputs of ``ProbeSamples.decisions``; ``per_row`` 0 collects those alone."""
     unknown = sorted(set(routings) - set(ROUTINGS))
     if unknown or not routings:
         raise ConfigError(f"probe routings must be a non-empty subset of {ROUTINGS}, got {list(routings)}")
     generator = torch.Generator().manual_seed(seed)
     index = {path: router.layer_index for path, router in moe.routers.items()}
     features: dict[int, list[torch.Tensor]] = {i: [] for i in index.values()}
+    pooled: dict[int, list[torch.Tensor]] = {i: [] for i in index.values()}
     targets: list[torch.Tensor] = []
+    pooled_targets: list[torch.Tensor] = []
     current: dict[str, Any] = {}
 
     def capture(layer: int) -> Callable[..., None]:
@@ -82,6 +93,8 @@ def collect_block_inputs(moe: MoEModel, batches: Sequence[dict[str, torch.Tensor
             hidden = args[0] if args else kwargs["hidden_states"]
             rows = [hidden[row, pos].detach().float().cpu() for row, pos in enumerate(current["positions"])]
             features[layer].append(torch.cat(rows))
+            if current["ends"] is not None:
+                pooled[layer].append(prompt_means(hidden, current["ends"]).cpu())
         return hook
 
     handles = [moe.model.get_submodule(path).register_forward_pre_hook(capture(i), with_kwargs=True)
@@ -91,6 +104,9 @@ def collect_block_inputs(moe: MoEModel, batches: Sequence[dict[str, torch.Tensor
             for batch in batches:
                 for routing in routings:
                     current["positions"] = _positions(batch["attention_mask"], per_row, generator)
+                    current["ends"] = batch.get("decision_ends") if routing == "base" else None
+                    if current["ends"] is not None:
+                        pooled_targets.append(prompt_targets(batch["target"], current["ends"]))
                     with moe.forced(_forced_rows(batch, moe.config.num_experts, routing)):
                         run(moe, batch)
                     targets.append(torch.cat([batch["target"][row].cpu().repeat(pos.numel())
@@ -98,14 +114,20 @@ def collect_block_inputs(moe: MoEModel, batches: Sequence[dict[str, torch.Tensor
     finally:
         for handle in handles:
             handle.remove()
+    decisions = None
+    if pooled_targets:
+        decisions = DecisionSamples(features={i: torch.cat(parts) for i, parts in pooled.items()},
+                                    targets=torch.cat(pooled_targets))
     return ProbeSamples(features={i: torch.cat(parts) for i, parts in features.items()},
-                        targets=torch.cat(targets))
+                        targets=torch.cat(targets), decisions=decisions)
 
 
 def fit_probes(moe: MoEModel, samples: ProbeSamples, steps: int, learning_rate: float,
-               z_weight: float = 1e-3) -> dict[int, float]:
+               z_weight: float = 1e-3, decision_weight: float = 0.0) -> dict[int, float]:
     """Fit each block's router to ``samples`` by full-batch Adam on cross-entropy (+ ``z_weight`` x router
-    z-loss, which keeps the logits small); returns each layer's training accuracy (top-1 == target).
+    z-loss, which keeps the logits small, + ``decision_weight`` x cross-entropy of its pooled logits on the
+    decision prompts, when ``samples`` has them); returns each layer's training accuracy on the token
+    samples (top-1 == target).
 
     Only the router projections change; the null expert is never a target, so its logit learns to stay low
     where a real expert fits.
@@ -114,14 +136,20 @@ def fit_probes(moe: MoEModel, samples: ProbeSamples, steps: int, learning_rate: 
         raise ConfigError("probe fitting needs at least one step and one sample")
     accuracy: dict[int, float] = {}
     targets = samples.targets
+    decisions = samples.decisions if decision_weight and samples.decisions is not None else None
     for router in moe.routers.values():
         layer = router.layer_index
         x = samples.features[layer].to(router.proj.weight.device)
         y = targets.to(x.device)
+        if decisions is not None:
+            xd, yd = decisions.features[layer].to(x.device), decisions.targets.to(x.device)
         optimizer = torch.optim.Adam(router.parameters(), lr=learning_rate)
         for _ in range(steps):
             logits = router.logits(x)
             loss = F.cross_entropy(logits, y) + z_weight * router_z_loss(logits, None)
+            if decisions is not None:
+                # Prompt means are normalized already: the projection alone gives the pooled logits.
+                loss = loss + decision_weight * F.cross_entropy(router.proj(xd), yd)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
