@@ -45,7 +45,7 @@ class RequestDecider:
         left-padded batch decides it."""
         import torch
 
-        from traceops.model.local import prefix_layout, shared_length
+        from traceops.model.kv_cache import prefix_layout, shared_length
 
         chat, device = self.chat, self.moe.device
         shared = shared_length(rows)

@@ -8,7 +8,7 @@ in two (cascade attention): every row's queries attend to the prefix in one atte
 rows folded into the query length, so the prefix is read once), each row attends to its own tokens
 under its own mask, and the two partial results are merged exactly through their log-sum-exp.
 
-``SharedPrefixLayer`` is the cache layer (it stores only the rows' own tokens and reports the prefix
+``kv_cache.SharedPrefixLayer`` is the cache layer (it stores only the rows' own tokens and reports the prefix
 in its length, so masks and positions are those of the full sequence); ``shared_prefix_attention``
 is registered with transformers under ``ATTENTION`` and used only inside ``attention_over``, which
 switches a model's attention implementation for one ``generate`` call. Outside it, and for any
@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
+
+from traceops.model.kv_cache import shared_prefix_layer_class
 
 ATTENTION = "traceops_shared_prefix"
 # Query rows per score block when attending to the prefix: bounds the scores' memory in a prefill.
@@ -121,7 +123,7 @@ def shared_prefix_attention(module: Any, query: Any, key: Any, value: Any, atten
     layers = getattr(cache, "layers", None) or []
     index = getattr(module, "layer_idx", None)
     layer = layers[index] if index is not None and index < len(layers) else None
-    if not isinstance(layer, _shared_prefix_layer_class()) or layer.prefix_length == 0:
+    if not isinstance(layer, shared_prefix_layer_class()) or layer.prefix_length == 0:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     batch, heads, q, dim = query.shape
@@ -145,36 +147,3 @@ def shared_prefix_attention(module: Any, query: Any, key: Any, value: Any, atten
     merged = (prefix_out * prefix_weight + own_out * own_weight) / (prefix_weight + own_weight)
     output = merged.to(query.dtype).reshape(batch, heads, q, dim).transpose(1, 2).contiguous()
     return output, None
-
-
-def shared_prefix_layer(capacity: int, keys: Any, values: Any) -> Any:
-    """A cache layer over a batch-1 prefix's ``keys``/``values`` (kept, not copied) with room for
-    ``capacity`` of each row's own tokens."""
-    return _shared_prefix_layer_class()(capacity, keys, values)
-
-
-@lru_cache(maxsize=1)
-def _shared_prefix_layer_class() -> type:
-    """``SharedPrefixLayer``, built on first use (transformers is imported lazily)."""
-    from traceops.model.local import growing_layer_class
-
-    class SharedPrefixLayer(growing_layer_class()):
-        """A growing cache layer of the rows' own tokens behind a shared batch-1 prefix.
-
-        ``keys``/``values`` (what attention receives) are the own tokens only; lengths count the
-        prefix too, so masks, cache positions and position ids are those of the whole sequence.
-        """
-
-        def __init__(self, capacity: int, keys: Any, values: Any) -> None:
-            super().__init__(capacity)
-            self.prefix_keys = keys
-            self.prefix_values = values
-            self.prefix_length = int(keys.shape[-2])
-
-        def get_seq_length(self) -> int:
-            return self.prefix_length + super().get_seq_length()
-
-        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-            return self.get_seq_length() + query_length, 0
-
-    return SharedPrefixLayer

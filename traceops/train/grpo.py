@@ -67,7 +67,7 @@ def _trainer_class() -> type:
                                   num_generations: int, has_tool_images: bool = False) -> tuple[Any, Any]:
             # TRL's plain transformers path re-reads every row's whole prompt each tool round; the rows of a
             # step share their prompt, so generate from a shared-prefix KV cache instead (same sampler).
-            from traceops.model.local import supports_prefix_cache
+            from traceops.model.kv_cache import supports_prefix_cache
 
             if (self.use_vllm or self.use_transformers_continuous_batching or images is not None
                     or multimodal_fields or self._is_vlm or self.args.cache_implementation is not None
