@@ -91,8 +91,9 @@ def run_sft(variant: str, base: Path, rows: list[dict[str, Any]], budget: Any,
     from transformers import AutoModelForCausalLM
     from trl import SFTTrainer
 
+    from traceops.model.chat_template import load_tokenizer
     from traceops.train.adapter import _log_callback
-    from traceops.train.config import AdapterSettings, load_tokenizer
+    from traceops.train.config import AdapterSettings
     from traceops.train.sft import build_sft_trainer, sft_args
 
     tokenizer = load_tokenizer(str(base))
@@ -115,8 +116,9 @@ def run_grpo(variant: str, base: Path, env_set: Any, budget: Any, work: Path) ->
     from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer
 
+    from traceops.model.chat_template import load_tokenizer
     from traceops.train.adapter import _log_callback
-    from traceops.train.config import AdapterSettings, load_tokenizer
+    from traceops.train.config import AdapterSettings
     from traceops.train.data import grpo_rows
     from traceops.train.grpo import build_grpo_trainer, grpo_args
     from traceops.train.rollouts import replay_reward
@@ -145,9 +147,9 @@ def main() -> None:
 
     import torch
 
+    from traceops.model.chat_template import load_tokenizer
     from traceops.model.embedded import embedded_model_dir
     from traceops.train.budgets import BUDGETS
-    from traceops.train.config import load_tokenizer
     from traceops.train.data import EnvironmentSet, sft_rows
 
     torch.set_num_threads(2)

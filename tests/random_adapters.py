@@ -15,8 +15,8 @@ def random_adapter(base_dir: Path, folder: Path, seed: int, rank: int = 4) -> Pa
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    from traceops.model.chat_template import load_tokenizer
     from traceops.train.checkpoint import save_adapter
-    from traceops.train.config import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(base_dir))
     peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS,

@@ -22,8 +22,8 @@ from traceops.model.adapted import (
     training_conversation,
 )
 from traceops.model.base import GenerationConfig
+from traceops.model.chat_template import DEFAULT_SYSTEM_PROMPT, load_tokenizer
 from traceops.model.toolcalls import render_prompt
-from traceops.train.config import DEFAULT_SYSTEM_PROMPT, load_tokenizer
 from traceops.train.data import demonstration, grpo_rows, load_environment_set
 from traceops.train.sft import assistant_mask
 

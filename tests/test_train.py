@@ -15,8 +15,9 @@ import pytest
 
 from traceops.envs.base import AssistantTurn, Call, Environment
 from traceops.errors import ConfigError, ModelError, TraceopsError
+from traceops.model.chat_template import load_tokenizer
 from traceops.train.budgets import BUDGETS, check_fits, get_budget
-from traceops.train.config import AdapterSettings, load_tokenizer
+from traceops.train.config import AdapterSettings
 from traceops.train.data import demonstration, load_environment_set
 
 CITIES = ["Paris", "Lima", "Oslo", "Cairo", "Quito", "Hanoi", "Dakar", "Perth", "Turin", "Sofia", "Kyiv",

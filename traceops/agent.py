@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from traceops.envs.base import Environment
+from traceops.envs.calibration import Episodes
+from traceops.envs.family import Family
 from traceops.errors import ConfigError, ModelError
 from traceops.model.base import ChatModel, GenerationConfig
 from traceops.model.toolcalls import parse_tool_calls
@@ -160,3 +162,14 @@ def run_episodes(model: ChatModel, env_factory: Callable[[], Environment], tasks
             if progress is not None:
                 progress(len(results))
     return [results[index] for index in range(len(tasks))]
+
+
+def agent_episodes(model: Any, family: Family, *, max_turns: int = 8, config: Any = None,
+                   batch_size: int = 8) -> Episodes:
+    """Calibration's episodes callable for a chat model: ``run_episodes`` over a family's environments
+    (rewards from the trajectories)."""
+
+    def run(tasks: Sequence[dict[str, Any]]) -> list[Any]:
+        return list(run_episodes(model, family.make_env, list(tasks), max_turns, config, batch_size))
+
+    return run

@@ -1,8 +1,8 @@
 """Calibration: how well does a model do at each difficulty level, and where should training start?
 
 TRACE trains where the reward is informative: mean reward in the band 0.2-0.6. ``calibrate`` runs a
-validation sample per level through an *episodes* callable (any model: ``agent_episodes`` wraps
-``traceops.agent.run_episodes``; ``policy_episodes`` wraps a deterministic policy for tests) and picks
+validation sample per level through an *episodes* callable (any model: ``traceops.agent.agent_episodes``
+wraps ``run_episodes``; ``policy_episodes`` wraps a deterministic policy for tests) and picks
 the in-band level whose mean is nearest the band's middle. When no level is in the band it says why,
 including the case where even the easiest level scores 0 (then GRPO has no signal: warm-start with SFT).
 """
@@ -138,23 +138,5 @@ def policy_episodes(
             env.reset(**task)
             rewards.append(play(env, task, policy(env, task)))
         return rewards
-
-    return run
-
-
-def agent_episodes(
-    model: Any, family: Family, *, max_turns: int = 8, config: Any = None, batch_size: int = 8
-) -> Episodes:
-    """Episodes from a chat model through ``traceops.agent.run_episodes`` (rewards from the trajectories)."""
-    try:
-        from traceops.agent import run_episodes
-    except ImportError as exc:
-        raise CalibrationError(
-            "traceops.agent.run_episodes is not available; calibrate with "
-            "policy_episodes or install the agent loop"
-        ) from exc
-
-    def run(tasks: Sequence[dict[str, Any]]) -> list[Any]:
-        return list(run_episodes(model, family.make_env, list(tasks), max_turns, config, batch_size))
 
     return run

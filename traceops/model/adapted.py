@@ -39,7 +39,7 @@ def training_conversation(messages: list[Any]) -> list[dict[str, str]]:
     a conversation without a system message gets ``DEFAULT_SYSTEM_PROMPT``, as
     ``train.data.system_prompt`` gives environments without one.
     """
-    from traceops.train.config import DEFAULT_SYSTEM_PROMPT
+    from traceops.model.chat_template import DEFAULT_SYSTEM_PROMPT
 
     out: list[dict[str, str]] = []
     for message in messages_to_chat(messages):
@@ -159,7 +159,7 @@ def _tokenizer(base_model_dir: Path, trained_dir: Path | None) -> Any:
     base tokenizer with the training template when the folder has none."""
     from transformers import AutoTokenizer
 
-    from traceops.train.config import chat_template, load_tokenizer
+    from traceops.model.chat_template import chat_template, load_tokenizer
 
     if trained_dir is not None and _has_tokenizer(trained_dir):
         tokenizer = AutoTokenizer.from_pretrained(str(trained_dir))

@@ -18,10 +18,11 @@ from typing import Any
 
 from traceops.errors import ConfigError, ModelError
 from traceops.hashing import content_hash
+from traceops.model.chat_template import load_tokenizer
 from traceops.model.hub_kernels import kernel_kwargs
 from traceops.train import checkpoint as ckpt
 from traceops.train.budgets import Budget, check_fits, get_budget
-from traceops.train.config import AdapterSettings, load_tokenizer
+from traceops.train.config import AdapterSettings
 from traceops.train.data import (
     EnvironmentSet,
     grpo_rows,

@@ -1,10 +1,7 @@
-"""Adapter settings shared by every capability, so adapters can be stacked (same base, rank, targets),
-and the chat template every adapter is trained and evaluated with.
+"""Adapter settings shared by every capability, so adapters can be stacked (same base, rank, targets).
 
-The template is TRL's stored Qwen2.5 template (ChatML, like SmolLM2's own, plus tool rendering): TRL
-recognizes it, swaps in its ``{% generation %}``-marked twin for assistant-only SFT loss, and parses tool
-calls out of GRPO rollouts with its response schema. SmolLM2's own template fails TRL's tool-calling
-check (FACTS.md). Tool calls appear in assistant text as ``<tool_call>{json}</tool_call>``.
+The chat template every adapter is trained and evaluated with lives in ``traceops.model.chat_template``:
+serving and evaluation load it too, and the model layer must not depend on training.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ from typing import Any
 DEFAULT_TARGET_MODULES: tuple[str, ...] = (
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
 )
-DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Use the tools when they help answer the user."
 
 
 @dataclass(frozen=True)
@@ -39,28 +35,3 @@ class AdapterSettings:
         data = asdict(self)
         data["target_modules"] = list(self.target_modules)
         return data
-
-
-def chat_template() -> str:
-    """The inference chat template (TRL's stored Qwen2.5 template, byte-identical so TRL recognizes it)."""
-    from trl.chat_template_utils import qwen2_5_chat_template
-
-    return qwen2_5_chat_template
-
-
-def training_chat_template() -> str:
-    """The same template with ``{% generation %}`` markers around assistant output (assistant-only loss)."""
-    from trl.chat_template_utils import qwen2_5_training_chat_template
-
-    return qwen2_5_training_chat_template
-
-
-def load_tokenizer(base_model_dir: str) -> Any:
-    """The base model's tokenizer with our chat template and a pad token set."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
-    tokenizer.chat_template = chat_template()
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer

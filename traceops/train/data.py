@@ -28,7 +28,7 @@ from traceops.envs.folder import (
     split_path,
 )
 from traceops.errors import ConfigError, InputError
-from traceops.train.config import DEFAULT_SYSTEM_PROMPT
+from traceops.model.chat_template import DEFAULT_SYSTEM_PROMPT
 
 SPLITS = ("train", "val", "test")
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from traceops.model.chat_template import training_chat_template
 from traceops.train.budgets import Budget
-from traceops.train.config import AdapterSettings, training_chat_template
+from traceops.train.config import AdapterSettings
 from traceops.train.prefix_loss import (
     MIN_SHARED_TOKENS,
     prefix_shared_loss,
