@@ -129,3 +129,29 @@ def test_failed_pairs_from_the_attributions_table(domain: Domain, tasks: list) -
     ]
     with pytest.raises(ConfigError, match="lacks column"):
         failed_from_attributions(frame.drop(columns=["capability"]))
+
+
+def test_logged_failures_join_attributions_to_the_curated_domains(tmp_path) -> None:
+    from traceops import config
+    from traceops.diagnose.attribution import Attribution
+    from traceops.evaluation.replay import ATTRIBUTIONS, logged_failures
+    from traceops.schema import Message, Outcome, Source
+    from traceops.store import append_trajectories
+
+    paths = config.load(tmp_path).paths
+    assert logged_failures(paths.diagnosis, paths.curated) == (None, [], {})  # no diagnosis yet
+    runs = [Trajectory(task_id=task_id, domain=name, messages=[Message(role="user", content=task_id)],
+                       outcome=Outcome(success=False, reward=0.0),
+                       source=Source(format="openai", file="logs.jsonl", record=i))
+            for i, (task_id, name) in enumerate([("retail-0001", "retail"), ("a1", "airline"),
+                                                 ("a2", "airline"), ("retail-0002", "retail")])]
+    append_trajectories(paths, runs)
+    rows = [Attribution(trajectory_id=t.id, task_id=t.task_id, step=1, agent=None,
+                        capability=None if t.task_id == "a2" else "policy_adherence", confidence=0.9,
+                        evidence="logged") for t in runs]
+    paths.diagnosis.mkdir(parents=True, exist_ok=True)
+    attributions_frame(rows).to_parquet(paths.diagnosis / ATTRIBUTIONS, index=False)
+    # Airline has as many failures, but only retail is bundled (replayable): retail is chosen.
+    domain, failed, counts = logged_failures(paths.diagnosis, paths.curated)
+    assert domain == "retail" and counts == {"airline": 2, "retail": 2}
+    assert sorted(failed) == [("retail-0001", "policy_adherence"), ("retail-0002", "policy_adherence")]

@@ -39,3 +39,17 @@ def test_unknown_role_and_extra_fields_are_rejected() -> None:
     assert "role" in str(info.value)
     with pytest.raises(ValidationError):
         Outcome(success=True, surprise=1)
+
+
+@pytest.mark.parametrize(("success", "reward", "succeeded"), [
+    (True, None, True), (True, 0.0, True),  # the source's own verdict wins over the reward
+    (False, None, False), (False, 1.0, False),
+    (None, 1.0, True), (None, 0.999, False), (None, 0.0, False),  # no verdict: the full reward decides
+    (None, None, None),  # unknown: neither a success nor a failure
+])
+def test_one_rule_of_success_and_failure(success: bool | None, reward: float | None,
+                                         succeeded: bool | None) -> None:
+    outcome = Outcome(success=success, reward=reward)
+    assert outcome.succeeded is succeeded
+    assert outcome.failed is (succeeded is False)
+    assert "failed" not in outcome.model_dump()  # a rule, not a field: the stored contract is unchanged

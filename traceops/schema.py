@@ -14,6 +14,7 @@ from traceops.hashing import content_hash
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+FULL_REWARD = 1.0  # the verifier's full score: a run that earns less has failed
 
 
 class ToolCall(BaseModel):
@@ -55,13 +56,27 @@ class ToolSpec(BaseModel):
 
 
 class Outcome(BaseModel):
-    """How the run ended. ``success`` None means the outcome is explicitly unknown."""
+    """How the run ended. ``success`` None means the source did not say; ``succeeded`` and ``failed``
+    are the one rule every stage judges a run by (ingest, diagnosis, grounding, evaluation)."""
 
     model_config = ConfigDict(extra="forbid")
 
     success: bool | None = None
     reward: float | None = None
     reward_breakdown: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool | None:
+        """``success`` when the source gave it, else whether the reward is the full reward (1.0); None
+        when neither is known (the outcome is unknown, neither a success nor a failure)."""
+        if self.success is not None:
+            return self.success
+        return None if self.reward is None else self.reward >= FULL_REWARD
+
+    @property
+    def failed(self) -> bool:
+        """Whether the run failed: it did not succeed by ``succeeded``'s rule (unknown is not failed)."""
+        return self.succeeded is False
 
 
 class Source(BaseModel):

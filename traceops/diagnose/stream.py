@@ -90,11 +90,11 @@ def scan(
             stream.add(items)
         for item in items:
             t = item.trajectory
-            out.outcomes.append(t.outcome.success)
+            out.outcomes.append(t.outcome.succeeded)
             out.agents.append(t.agent)
             for hit in item.hits:
                 out.hit_counts[hit.detector] = out.hit_counts.get(hit.detector, 0) + 1
-            if t.outcome.success is False:
+            if t.outcome.failed:
                 out.failures.append(Failure(t.id, t.task_id, item.hits, hit_names(t, item.hits)))
     out.lacking = [stream.result() for stream in streams]
     return out

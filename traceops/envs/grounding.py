@@ -493,13 +493,6 @@ def assert_disjoint(
 # Seed selection: failures of a capability, nearest the failure cluster first.
 
 
-def _failed(trajectory: Trajectory) -> bool:
-    outcome = trajectory.outcome
-    if outcome.success is not None:
-        return not outcome.success
-    return outcome.reward is not None and outcome.reward < 1.0
-
-
 def _text(trajectory: Trajectory) -> str:
     parts = [m.content or "" for m in trajectory.messages]
     parts += [c.name for m in trajectory.messages for c in (m.tool_calls or [])]
@@ -520,7 +513,8 @@ def select_seeds(
     cosine to the mean TF-IDF vector of the capability's failures. Ties break on trajectory id.
     """
     failures = [
-        t for t in trajectories if _failed(t) and any(label.capability == capability for label in t.labels)
+        t for t in trajectories
+        if t.outcome.failed and any(label.capability == capability for label in t.labels)
     ]
     failures.sort(key=lambda t: t.id)
     if not failures or k <= 0:

@@ -14,13 +14,13 @@ from math import comb
 from typing import Any
 
 from traceops.errors import ConfigError
-
-SUCCESS_REWARD = 1.0
+from traceops.schema import Outcome
 
 
 def is_success(reward: float | None) -> bool:
-    """A task-trial succeeds when the verifier gives its full reward (1.0); None is a failure."""
-    return reward is not None and float(reward) >= SUCCESS_REWARD
+    """A task-trial succeeds by ``Outcome``'s rule on its reward alone (the full reward, 1.0); a trial
+    without a reward did not succeed."""
+    return Outcome(reward=None if reward is None else float(reward)).succeeded is True
 
 
 def pass_hat_k(successes: int, trials: int, k: int) -> float:

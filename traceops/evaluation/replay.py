@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from traceops.errors import ConfigError
@@ -18,6 +19,7 @@ from traceops.model.base import ChatModel, GenerationConfig
 from traceops.schema import Trajectory
 
 Failed = tuple[str, str | None]
+ATTRIBUTIONS = "attributions.parquet"  # the diagnose stage's attribution table, under paths.diagnosis
 
 
 def _missing(value: Any) -> bool:
@@ -291,3 +293,32 @@ def failed_by_domain(attributions: Any, domains: Mapping[str, str]) -> dict[str,
         domain = domains.get(str(trajectory), "") if not _missing(trajectory) else ""
         grouped.setdefault(domain, []).extend(pairs)
     return dict(sorted(grouped.items()))
+
+
+def logged_failures(diagnosis: Path, curated: Path) -> tuple[str | None, list[Failed], dict[str, int]]:
+    """The domain to replay and its logged failures (task id, attributed capability), from the
+    diagnosis' attributions (under ``diagnosis``) joined to the domains of the curated trajectories
+    (under ``curated``); plus the failure count of every domain. The bundled (replayable) domain with
+    the most failures is chosen; when none is bundled, the largest one, whose tasks are then all
+    reported as not replayable."""
+    import pyarrow.parquet as pq
+
+    from traceops.domains import domain_names
+    from traceops.store import TRAJECTORIES_FILE
+
+    attributions = diagnosis / ATTRIBUTIONS
+    if not attributions.is_file():
+        return None, [], {}
+    rows = pq.read_table(attributions).to_pandas()
+    trajectories = curated / TRAJECTORIES_FILE
+    domains: dict[str, str] = {}
+    if trajectories.is_file():
+        table = pq.read_table(trajectories, columns=["id", "domain"]).to_pydict()
+        domains = {str(i): str(d or "") for i, d in zip(table["id"], table["domain"], strict=True)}
+    grouped = failed_by_domain(rows, domains)
+    counts = {d: len(f) for d, f in grouped.items()}
+    if not grouped:
+        return None, [], counts
+    bundled = [d for d in grouped if d in domain_names()]
+    chosen = max(bundled or list(grouped), key=lambda d: (len(grouped[d]), d))
+    return chosen, grouped[chosen], counts
