@@ -22,8 +22,8 @@ from prefect import flow
 from tasks.cache import run_cached, stage_key
 from tasks.evaluate import ATTRIBUTIONS, evaluate_task, evaluation_outputs_exist
 from traceops import config, registry, versioning
+from traceops.envs.folder import environment_capabilities
 from traceops.errors import ConfigError
-from traceops.evaluation.envs import list_capabilities
 from traceops.evaluation.stage import BASE, CHAMPION, COMPOSITE, GENERIC, EvalParams, RoleSpec, adapter_role
 from traceops.hashing import file_hash, folder_hash
 from traceops.train.checkpoint import is_adapter
@@ -59,7 +59,7 @@ def adapter_roles(settings: config.Settings, adapters: Any) -> list[RoleSpec]:
     specs: list[RoleSpec] = []
     if adapters is None:
         env_root = settings.paths.environments
-        capabilities = list_capabilities(env_root) if env_root.is_dir() else []
+        capabilities = environment_capabilities(env_root)
         for capability in capabilities:
             ref = registry.latest_version(registry.adapter_model_name(capability))
             if ref is not None:

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
 from tasks.cache import run_cached, stage_key
-from tasks.route import composite_exists, route_params, route_task
+from tasks.route import composite_exists, route_task
 from traceops import config, registry
+from traceops.envs.folder import environment_capabilities
 from traceops.errors import StageError
 from traceops.hashing import folder_hash
-
-
-def environment_capabilities(environments: Path) -> list[str]:
-    """The capabilities that have a synthesized environments folder (``<capability>/manifest.json``)."""
-    if not environments.is_dir():
-        return []
-    return sorted(p.name for p in environments.iterdir() if (p / "manifest.json").is_file())
+from traceops.moe.route_config import RouteConfig
 
 
 def latest_adapters(paths: config.Paths) -> list[dict[str, Any]]:
@@ -73,7 +67,7 @@ def route_flow(home: str | None = None, adapters: list[dict[str, Any]] | None = 
     paths = settings.paths
     registry.configure(paths)
     rows = _adapter_rows(adapters) if adapters else latest_adapters(paths)
-    params = route_params(settings, overrides, top_k=top_k, mode=mode)
+    params = RouteConfig.from_params(settings.stage("route"), overrides, top_k=top_k, mode=mode).to_dict()
     _folder, base_ref = registry.resolve_base_model(base_model)
     # The routers are fitted on the environments' demonstrations: a changed environment refits them.
     missing = [r["capability"] for r in rows if not (paths.environments / r["capability"]).is_dir()]

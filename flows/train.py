@@ -16,15 +16,10 @@ from prefect import flow
 from tasks.cache import stage_key
 from tasks.train import adapter_outputs_exist, generic_outputs_exist, train_generic_task, train_task
 from traceops import config, registry
+from traceops.envs.folder import environment_capabilities
 from traceops.errors import ConfigError
 from traceops.hashing import folder_hash
 from traceops.train.budgets import resolve_budget
-
-
-def available_capabilities(settings: config.Settings) -> list[str]:
-    """Capabilities with a synthesized environments folder (data/environments/<capability>/manifest.json)."""
-    root = settings.paths.environments
-    return sorted(p.parent.name for p in root.glob("*/manifest.json")) if root.is_dir() else []
 
 
 def adapter_key(settings: config.Settings, capability: str, budget: dict[str, Any], base_ref: str,
@@ -66,7 +61,7 @@ def train_flow(home: str | None = None, capabilities: list[str] | None = None, b
     overrides = dict(params.get("budget_overrides") or {})
     # An unknown budget or override fails here, before anything runs.
     effective = resolve_budget(budget, overrides).as_dict()
-    found = available_capabilities(settings)
+    found = environment_capabilities(settings.paths.environments)
     chosen = list(capabilities) if capabilities else found
     missing = sorted(set(chosen) - set(found))
     if missing or not chosen:

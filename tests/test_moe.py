@@ -278,3 +278,62 @@ def test_build_rejects_incompatible_adapters(base, adapters, tmp_path):
         build_moe(copy.deepcopy(base), {"null": adapters["alpha"]})
     with pytest.raises(ConfigError, match="top_k"):
         build_moe(copy.deepcopy(base), adapters, top_k=5)
+
+
+def test_route_config_defaults_are_the_nightly_settings_with_help_for_every_field():
+    from dataclasses import fields
+
+    from traceops.moe import RouteConfig
+
+    route = RouteConfig()
+    assert (route.top_k, route.mode, route.seed, route.null_expert) == (1, "request", 0, True)
+    assert (route.steps, route.batch_size, route.learning_rate, route.probe_steps) == (8, 4, 2e-2, 200)
+    assert (route.train_examples, route.heldout_fraction, route.val_examples) == (16, 0.2, 4)
+    assert all(spec.metadata.get("help", "").strip() for spec in fields(RouteConfig))
+    # The fit settings come from the route settings: FitConfig has no second set of defaults for them.
+    fit = route.fit_config()
+    assert all(getattr(fit, name) == getattr(route, name) for name in (
+        "steps", "batch_size", "learning_rate", "max_length", "route_weight", "lm_weight", "balance_weight",
+        "z_weight", "heldout_fraction", "seed", "probe_steps", "probe_tokens", "probe_max_length",
+        "decision_weight"))
+    assert RouteConfig(train_examples=None).train_examples is None
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"top_k": 0}, "route.top_k must be at least 1, got 0; send e.g. 1"),
+    ({"mode": "sequence"}, "route.mode must be one of token, request"),
+    ({"null_expert": "yes"}, "route.null_expert must be true or false"),
+    ({"steps": 2.5}, "route.steps must be an integer, got 2.5; send e.g. 8"),
+    ({"learning_rate": "2e-2"}, "write 2.0e-2 or 0.02"),
+    ({"learning_rate": 0}, "route.learning_rate must be above 0"),
+    ({"heldout_fraction": 1.0}, "route.heldout_fraction must be below 1"),
+    ({"train_examples": 0}, "route.train_examples must be at least 1"),
+    ({"steps": 0, "probe_steps": 0}, "nothing would fit the routers; set either above 0"),
+])
+def test_route_config_refuses_bad_values_saying_what_to_send(settings, message):
+    from traceops.moe import RouteConfig
+
+    with pytest.raises(ConfigError) as caught:
+        RouteConfig(**settings)
+    assert message in str(caught.value)
+
+
+def test_route_config_from_params_merges_in_order_and_refuses_unknown_keys():
+    from traceops.moe import RouteConfig
+
+    assert RouteConfig.from_params(None) == RouteConfig.from_params({}) == RouteConfig()
+    import yaml
+
+    repo_params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    RouteConfig.from_params(repo_params["route"])  # the nightly's own route section is valid
+    # defaults < params.yaml's route section < overrides < explicit top_k/mode
+    merged = RouteConfig.from_params({"top_k": 2, "mode": "token", "steps": 5},
+                                     {"top_k": 3, "batch_size": 2}, mode="request")
+    assert merged == RouteConfig(top_k=3, mode="request", steps=5, batch_size=2)
+    assert RouteConfig.from_params({"top_k": 2}, {"top_k": 3}, top_k=1).top_k == 1
+    assert RouteConfig.from_params({"seed": 4}).to_dict() == {**RouteConfig().to_dict(), "seed": 4}
+    with pytest.raises(ConfigError, match="params.yaml route: unknown route parameter.s. stepz; known: "
+                                          "balance_weight, batch_size"):
+        RouteConfig.from_params({"stepz": 5})
+    with pytest.raises(ConfigError, match="overrides: unknown route parameter.s. topk"):
+        RouteConfig.from_params({}, {"topk": 2})

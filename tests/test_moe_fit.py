@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from traceops.errors import ConfigError, InputError
-from traceops.moe import FitConfig, build_moe, evaluate_routing, fit_router
+from traceops.moe import RouteConfig, build_moe, evaluate_routing, fit_router
 from traceops.moe.decision import prompt_means, prompt_targets
 from traceops.moe.fit import _batch, _encode, _lm_loss, _routed_lm_loss, _split_head
 
@@ -79,7 +79,8 @@ def test_fit_router_learns_to_route_each_capability_to_its_expert(setup):
     tokenizer, base, dirs, examples = setup
     moe = build_moe(copy.deepcopy(base), dirs, top_k=2)
     frozen = {n: p.detach().clone() for n, p in moe.model.named_parameters() if "moe_router" not in n}
-    config = FitConfig(steps=30, batch_size=8, learning_rate=5e-2, seed=0, probe_steps=0)  # SGD alone
+    # SGD alone, no probe phase.
+    config = RouteConfig(steps=30, batch_size=8, learning_rate=5e-2, seed=0, probe_steps=0).fit_config()
     result = fit_router(moe, tokenizer, examples, config)
     assert result.routing_accuracy > 0.9
     assert result.sequence_accuracy > 0.9
@@ -107,7 +108,8 @@ def test_fit_router_is_seeded_and_takes_conversations(setup):
     results = []
     for _ in range(2):
         moe = build_moe(copy.deepcopy(base), dirs)
-        results.append(fit_router(moe, tokenizer, examples, FitConfig(steps=3, batch_size=4, seed=7)))
+        config = RouteConfig(steps=3, batch_size=4, learning_rate=5e-3, seed=7).fit_config()
+        results.append(fit_router(moe, tokenizer, examples, config))
     assert results[0].losses == results[1].losses
     assert results[0].n_train + results[0].n_heldout == 14
     assert all(value > 0 for value in results[0].losses["lm"])
@@ -159,7 +161,7 @@ def test_probe_phase_alone_routes_each_capability_and_freezes_the_rest(setup):
     tokenizer, base, dirs, examples = setup
     moe = build_moe(copy.deepcopy(base), dirs, top_k=2)
     frozen = {n: p.detach().clone() for n, p in moe.model.named_parameters() if "moe_router" not in n}
-    config = FitConfig(steps=0, probe_steps=100, probe_tokens=8, seed=0)
+    config = RouteConfig(steps=0, probe_steps=100, probe_tokens=8, batch_size=8, seed=0).fit_config()
     result = fit_router(moe, tokenizer, examples, config)
     assert result.losses["route"] == []  # no SGD step: the probes alone
     assert result.probe_samples > 0 and result.probe_seconds > 0
@@ -171,11 +173,9 @@ def test_probe_phase_alone_routes_each_capability_and_freezes_the_rest(setup):
             assert torch.equal(param, frozen[name]), name
 
 
-def test_fit_with_neither_probe_nor_steps_is_refused(setup):
-    tokenizer, base, dirs, examples = setup
-    moe = build_moe(copy.deepcopy(base), dirs)
+def test_fit_with_neither_probe_nor_steps_is_refused():
     with pytest.raises(ConfigError, match="nothing would fit"):
-        fit_router(moe, tokenizer, examples, FitConfig(steps=0, probe_steps=0))
+        RouteConfig(steps=0, probe_steps=0)
 
 
 def test_prompt_means_are_the_mean_normalized_input_over_each_prompt() -> None:
@@ -205,8 +205,8 @@ def test_fit_supervises_the_request_decision_on_whole_prompts(setup):
     tokenizer, base, dirs, _ = setup
     examples = {"lookup": shared_prefix_chats(WORDS_A, 20, 0), "refusal": shared_prefix_chats(WORDS_B, 20, 1)}
     moe = build_moe(copy.deepcopy(base), dirs, top_k=1, mode="request")
-    result = fit_router(moe, tokenizer, examples,
-                        FitConfig(steps=4, batch_size=4, probe_steps=100, probe_tokens=8, seed=0))
+    config = RouteConfig(steps=4, batch_size=4, learning_rate=5e-3, probe_steps=100, probe_tokens=8, seed=0)
+    result = fit_router(moe, tokenizer, examples, config.fit_config())
     # Two decision prompts per held-out conversation (one per assistant turn).
     assert result.decision_prompts == 2 * result.n_heldout == 16
     assert result.initial_decision_accuracy is not None and result.initial_decision_accuracy < 0.9

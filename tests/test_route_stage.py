@@ -17,8 +17,9 @@ from traceops import config, registry
 from traceops.errors import ConfigError
 
 CAPS = ["argument_grounding", "tool_call_format"]
-ROUTE = {"steps": 4, "batch_size": 4, "max_length": 96, "train_examples": 5, "val_examples": 2,
-         "learning_rate": 5e-2}
+# Token routing over top-2 (the nightly default is request top-1): the test covers the token mode.
+ROUTE = {"top_k": 2, "mode": "token", "steps": 4, "batch_size": 4, "max_length": 96, "train_examples": 5,
+         "val_examples": 2, "learning_rate": 5e-2}
 
 
 @pytest.fixture()
@@ -130,15 +131,16 @@ def test_route_flow_fits_registers_reloads_and_caches(route_home: Path, tiny_mod
     assert read_config(composite_dir).top_k == 1
 
 
-def test_route_params_refuse_unknown_keys(home: Path) -> None:
-    from tasks.route import ROUTE_DEFAULTS, route_params
+def test_route_params_from_params_yaml_refuse_unknown_keys(home: Path) -> None:
+    from traceops.moe import RouteConfig
 
     (home / "params.yaml").write_text(yaml.safe_dump({"route": {"top_k": 3, "stepz": 5}}))
     with pytest.raises(ConfigError, match="stepz"):
-        route_params(config.load(home))
+        RouteConfig.from_params(config.load(home).stage("route"))
     (home / "params.yaml").write_text(yaml.safe_dump({"route": {"top_k": 3, "steps": 5}}))
-    params = route_params(config.load(home), {"batch_size": 2}, mode="request")
-    assert params == {**ROUTE_DEFAULTS, "top_k": 3, "steps": 5, "batch_size": 2, "mode": "request"}
+    params = RouteConfig.from_params(config.load(home).stage("route"), {"batch_size": 2}, mode="token")
+    assert params.to_dict() == {**RouteConfig().to_dict(), "top_k": 3, "steps": 5, "batch_size": 2,
+                                "mode": "token"}
 
 
 @pytest.mark.slow

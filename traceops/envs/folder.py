@@ -69,6 +69,15 @@ def manifest_environment(manifest: dict[str, Any], where: str,
     return get_family(name).env_class
 
 
+def environment_capabilities(root: str | Path) -> list[str]:
+    """The capabilities synthesized under an environments root (its folders with a ``manifest.json``),
+    sorted; empty when ``root`` does not exist (each caller says what that means for it)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / MANIFEST_NAME).is_file())
+
+
 def split_path(folder: Path, split: str) -> Path | None:
     """The JSONL file of ``split`` (``<split>.jsonl``, else ``tasks/<split>.jsonl``), or None."""
     for path in (Path(folder) / f"{split}.jsonl", Path(folder) / "tasks" / f"{split}.jsonl"):

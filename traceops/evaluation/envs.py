@@ -17,6 +17,7 @@ from traceops.envs.base import Environment
 from traceops.envs.families import UnknownCapabilityError
 from traceops.envs.folder import (
     MANIFEST_NAME,
+    environment_capabilities,
     manifest_environment,
     read_manifest,
     read_task_specs,
@@ -33,11 +34,12 @@ TRIAL_SEED_STRIDE = 100_003
 
 
 def list_capabilities(env_root: str | Path) -> list[str]:
-    """The capability folders under ``env_root`` (those with a ``manifest.json``), sorted."""
+    """The capability folders under ``env_root`` (``environment_capabilities``); a missing root is a
+    ConfigError here, since evaluation has nothing to score without it."""
     root = Path(env_root)
     if not root.is_dir():
         raise ConfigError(f"environments folder {root} does not exist; run `traceops synthesize` first")
-    return sorted(p.name for p in root.iterdir() if (p / MANIFEST_NAME).is_file())
+    return environment_capabilities(root)
 
 
 def env_factory(env_root: str | Path, capability: str) -> Callable[[], Environment]:

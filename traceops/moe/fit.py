@@ -32,27 +32,40 @@ from traceops.moe.router import load_balance_loss, request_scores, router_z_loss
 Example = str | list[dict[str, Any]] | dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FitConfig:
-    """Router fitting settings; ``seed`` fixes the held-out split, batch order and router updates."""
+    """Router fitting settings; ``seed`` fixes the held-out split, batch order and router updates.
 
-    steps: int = 40
-    batch_size: int = 8
-    learning_rate: float = 5e-3
-    max_length: int = 256
-    route_weight: float = 1.0
-    lm_weight: float = 1.0
-    balance_weight: float = 0.01
-    z_weight: float = 1e-3
-    heldout_fraction: float = 0.2
-    seed: int = 0
-    probe_steps: int = 200          # full-batch Adam steps per router probe (0: no probe phase)
-    probe_tokens: int = 64          # block inputs sampled per demonstration and routing
+    The settings a run chooses have no defaults here: ``traceops.moe.RouteConfig`` holds them (with
+    their help text) and builds this with ``fit_config()``. The probe's internals keep theirs.
+    """
+
+    steps: int
+    batch_size: int
+    learning_rate: float
+    max_length: int
+    route_weight: float
+    lm_weight: float
+    balance_weight: float
+    z_weight: float
+    heldout_fraction: float
+    seed: int
+    probe_steps: int
+    probe_tokens: int
+    probe_max_length: int
+    decision_weight: float
     probe_learning_rate: float = 0.05
     probe_routings: tuple[str, ...] = ("own", "base")
-    probe_max_length: int = 2048    # tokens of a demonstration the probe reads (its tail beyond that)
     probe_batch_size: int = 4
-    decision_weight: float = 1.0    # request-mode decision loss on whole prompts (0: token-level only)
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.probe_steps < 0 or self.batch_size < 1 or self.probe_batch_size < 1:
+            raise ConfigError("steps and probe_steps must be at least 0, the batch sizes at least 1; got "
+                              f"steps={self.steps}, probe_steps={self.probe_steps}, "
+                              f"batch_size={self.batch_size}, probe_batch_size={self.probe_batch_size}")
+        if self.steps == 0 and self.probe_steps == 0:
+            raise ConfigError("steps and probe_steps are both 0: nothing would fit the routers; set either "
+                              "above 0")
 
 
 @dataclass
@@ -291,17 +304,12 @@ def routing_accuracy(moe: MoEModel, batches: list[dict[str, torch.Tensor]]) -> t
 
 
 def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, list[Example]],
-               config: FitConfig | None = None) -> FitResult:
+               config: FitConfig) -> FitResult:
     """Train only the routers of ``moe`` on capability-labelled examples (texts or chat conversations).
 
     Every parameter of the wrapped model other than the routers is frozen for the duration and its
     ``requires_grad`` restored afterwards. Returns loss curves and held-out routing accuracy.
     """
-    config = config or FitConfig()
-    if config.steps < 0 or config.probe_steps < 0 or config.batch_size < 1 or config.probe_batch_size < 1:
-        raise ConfigError("FitConfig.steps and probe_steps must be at least 0, the batch sizes at least 1")
-    if config.steps == 0 and config.probe_steps == 0:
-        raise ConfigError("FitConfig: steps and probe_steps are both 0; nothing would fit the routers")
     started = time.perf_counter()
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
