@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow
 
 from tasks.cache import run_cached, stage_key
 from tasks.diagnose import diagnose_task, diagnosis_outputs_exist
 from traceops import config, versioning
+from traceops.results import DiagnoseResult
 
 
 def diagnose_key(home: str | None, labelers: tuple[str, ...],
@@ -23,7 +22,7 @@ def diagnose_key(home: str | None, labelers: tuple[str, ...],
 
 @flow(name="traceops-diagnose")
 def diagnose_flow(home: str | None = None, labelers: tuple[str, ...] = ("rule",),
-                  parent_run_id: str | None = None, llm_model: str | None = None) -> dict[str, Any]:
+                  parent_run_id: str | None = None, llm_model: str | None = None) -> DiagnoseResult:
     """Diagnose the curated store (cached by data version and parameters)."""
     key, data_version = diagnose_key(home, labelers, llm_model)
     return run_cached(diagnose_task, diagnosis_outputs_exist, key=key, home=home, labelers=labelers,

@@ -20,12 +20,13 @@ from typing import Any
 from prefect import flow
 
 from tasks.cache import run_cached, stage_key
-from tasks.evaluate import ATTRIBUTIONS, evaluate_task, evaluation_outputs_exist
+from tasks.evaluate import evaluate_task, evaluation_outputs_exist
 from traceops import config, registry, versioning
 from traceops.envs.folder import environment_capabilities
-from traceops.errors import ConfigError
+from traceops.evaluation.replay import ATTRIBUTIONS
 from traceops.evaluation.stage import BASE, CHAMPION, COMPOSITE, GENERIC, EvalParams, RoleSpec, adapter_role
 from traceops.hashing import file_hash, folder_hash
+from traceops.results import AdapterResult, EvalResult, GenericResult, RouteResult
 from traceops.train.checkpoint import is_adapter
 
 
@@ -53,9 +54,10 @@ def _ref(data: Any) -> dict[str, str] | None:
     return None
 
 
-def adapter_roles(settings: config.Settings, adapters: Any) -> list[RoleSpec]:
-    """Adapter roles from the train stage's results (a list of dicts with ``capability`` and
-    ``adapter_path``, or a mapping capability -> folder or result), else discovered (module docstring)."""
+def adapter_roles(settings: config.Settings,
+                  adapters: list[AdapterResult] | dict[str, str | Path] | None) -> list[RoleSpec]:
+    """Adapter roles from the train stage's results, or a mapping capability -> adapter folder, else
+    discovered (module docstring)."""
     specs: list[RoleSpec] = []
     if adapters is None:
         env_root = settings.paths.environments
@@ -70,34 +72,26 @@ def adapter_roles(settings: config.Settings, adapters: Any) -> list[RoleSpec]:
             if folder is not None:
                 specs.append(RoleSpec(adapter_role(capability), "adapter", str(folder), None, capability))
         return specs
-    items = list(adapters.items()) if isinstance(adapters, dict) else [(None, a) for a in adapters]
-    for capability, item in items:
-        if isinstance(item, (str, Path)):
-            path, ref, cap = str(item), None, capability
-        else:
-            path = str(item["adapter_path"])
-            cap = capability or item.get("capability")
-            ref = _ref({"name": item.get("model_name"), "version": item.get("model_version")})
-        if not cap:
-            raise ConfigError(f"adapter {path}: no capability given; pass train_task results or "
-                              "a mapping capability -> adapter folder")
-        specs.append(RoleSpec(adapter_role(str(cap)), "adapter", path, ref, str(cap)))
-    return specs
+    if isinstance(adapters, dict):
+        return [RoleSpec(adapter_role(cap), "adapter", str(folder), None, cap)
+                for cap, folder in adapters.items()]
+    return [RoleSpec(adapter_role(a.capability), "adapter", a.adapter_path,
+                     {"name": a.model_name, "version": a.model_version}, a.capability) for a in adapters]
 
 
-def generic_role(settings: config.Settings, generic: Any) -> RoleSpec | None:
-    """The generic LoRA role from the train stage's result (``adapter_path``) or folder, else the
-    working folder models/generic when it holds an adapter."""
+def generic_role(settings: config.Settings, generic: GenericResult | str | Path | None) -> RoleSpec | None:
+    """The generic LoRA role from the train stage's result or a folder, else the working folder
+    models/generic when it holds an adapter."""
     if generic is None:
         folder = _adapter_folder(settings.paths.models / "generic")
         return RoleSpec(GENERIC, "adapter", str(folder)) if folder is not None else None
-    path = generic if isinstance(generic, (str, Path)) else generic["adapter_path"]
+    path = generic.adapter_path if isinstance(generic, GenericResult) else generic
     return RoleSpec(GENERIC, "adapter", str(path))
 
 
-def composite_role(settings: config.Settings, composite: Any) -> RoleSpec | None:
-    """The composite role from the route stage's result (``composite`` ref + ``composite_path``) or a
-    folder, else the latest registered composite."""
+def composite_role(settings: config.Settings, composite: RouteResult | str | Path | None) -> RoleSpec | None:
+    """The composite role from the route stage's result (registered version and folder) or a folder,
+    else the latest registered composite."""
     if composite is None:
         ref = registry.latest_version(registry.COMPOSITE_MODEL)
         if ref is None:
@@ -105,8 +99,7 @@ def composite_role(settings: config.Settings, composite: Any) -> RoleSpec | None
         return RoleSpec(COMPOSITE, "composite", _download(settings, ref), _ref(ref))
     if isinstance(composite, (str, Path)):
         return RoleSpec(COMPOSITE, "composite", str(composite))
-    return RoleSpec(COMPOSITE, "composite", str(composite["composite_path"]),
-                    _ref(composite.get("composite")))
+    return RoleSpec(COMPOSITE, "composite", composite.composite_path, composite.composite.model_dump())
 
 
 def champion_role(settings: config.Settings, composite: RoleSpec | None) -> RoleSpec | None:
@@ -127,11 +120,14 @@ def _weights_id(spec: RoleSpec) -> Any:
 
 
 @flow(name="traceops-evaluate")
-def evaluate_flow(home: str | None = None, base_model: str = "embedded", adapters: Any = None,
-                  generic: Any = None, composite: Any = None,
-                  parent_run_id: str | None = None) -> dict[str, Any]:
-    """Evaluate base, adapters, generic LoRA, composite and champion (see the module docstring);
-    returns ``{"models": {role: summary}, "report_path", "eval_json", "mlflow_run", ...}``."""
+def evaluate_flow(home: str | None = None, base_model: str = "embedded",
+                  adapters: list[AdapterResult] | dict[str, str] | None = None,
+                  generic: GenericResult | str | None = None, composite: RouteResult | str | None = None,
+                  parent_run_id: str | None = None) -> EvalResult:
+    """Evaluate base, adapters, generic LoRA, composite and champion (see the module docstring).
+
+    ``adapters``: the train stage's results or a mapping capability -> adapter folder; ``generic`` and
+    ``composite``: the train and route stages' results or a folder."""
     settings = config.load(home)
     registry.configure(settings.paths)
     specs = [RoleSpec(BASE, "base"), *adapter_roles(settings, adapters)]

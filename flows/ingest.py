@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow
 
 from tasks.ingest import ingest_task
+from traceops.results import IngestResult
 
 
 @flow(name="traceops-ingest", log_prints=False)
 def ingest_flow(paths: list[str], fmt: str = "auto", outcomes: str | None = None,
-                home: str | None = None) -> dict[str, Any]:
+                home: str | None = None) -> IngestResult:
     """Ingest log files or folders into the home's curated store and version it."""
     return ingest_task(paths, fmt=fmt, outcomes=outcomes, home=home)

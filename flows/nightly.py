@@ -24,9 +24,10 @@ from flows.train import train_flow
 from tasks.ingest import ingest_task
 from traceops import config, registry, versioning
 from traceops.errors import StageError
+from traceops.results import NightResult, VersionRef
 
 
-def _timed(seconds: dict[str, float], stage: str, call: Any, **kwargs: Any) -> dict[str, Any]:
+def _timed(seconds: dict[str, float], stage: str, call: Any, **kwargs: Any) -> Any:
     """Run one stage, record its wall time, and name the stage when it fails."""
     started = time.perf_counter()
     try:
@@ -46,78 +47,81 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
-def capability_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+def capability_rows(result: NightResult) -> list[dict[str, Any]]:
     """Per selected capability: coverage and delta from the diagnosis, success of the base model, of the
     capability's own adapter and of the composite on its held-out split."""
-    models = (result.get("evaluate") or {}).get("models", {})
-    # Each role's summary (tasks.evaluate.role_summary) holds success per capability under "success".
-    base = models.get("base", {}).get("success") or {}
-    composite = models.get("composite", {}).get("success") or {}
-    rows = []
-    for row in result["diagnose"]["selected"]:
-        cap = row["capability"]
-        adapter = models.get(f"adapter:{cap}", {}).get("success") or {}
-        rows.append({"capability": cap, "coverage": row["coverage"], "delta": row["delta"],
-                     "base": base.get(cap), "adapter": adapter.get(cap), "composite": composite.get(cap)})
-    return rows
+    if result.diagnose is None:
+        return []
+    models = result.evaluate.models if result.evaluate is not None else {}
+
+    def success(role: str, capability: str) -> float | None:
+        summary = models.get(role)
+        return summary.success.get(capability) if summary is not None else None
+
+    return [{"capability": row.capability, "coverage": row.coverage, "delta": row.delta,
+             "base": success("base", row.capability),
+             "adapter": success(f"adapter:{row.capability}", row.capability),
+             "composite": success("composite", row.capability)}
+            for row in result.diagnose.selected]
 
 
-def night_summary_markdown(result: dict[str, Any]) -> str:
+def night_summary_markdown(result: NightResult) -> str:
     """The night's summary as markdown (Prefect artifact, MLflow text and the CLI's closing table)."""
     lines = ["# traceops nightly run", ""]
-    ingest = result["ingest"]
-    lines += [f"Ingested: read {ingest['read']}, accepted {ingest['accepted']}, duplicates "
-              f"{ingest['duplicates']}, quarantined {ingest['quarantined']}; data_version "
-              f"`{ingest['data_version']}`.", ""]
-    if result.get("nothing_to_do"):
-        return "\n".join(lines + [f"Nothing to do: {result['nothing_to_do']}", ""])
+    ingest = result.ingest
+    lines += [f"Ingested: read {ingest.read}, accepted {ingest.accepted}, duplicates "
+              f"{ingest.duplicates}, quarantined {ingest.quarantined}; data_version "
+              f"`{ingest.data_version}`.", ""]
+    if result.nothing_to_do:
+        return "\n".join(lines + [f"Nothing to do: {result.nothing_to_do}", ""])
     lines += ["| capability | coverage | delta | success before (base) | adapter | after (composite) |",
               "|---|---|---|---|---|---|"]
     for row in capability_rows(result):
         lines.append(f"| {row['capability']} | {row['coverage']:.2f} | {row['delta']:.2f} | "
                      f"{_fmt(row['base'])} | {_fmt(row['adapter'])} | {_fmt(row['composite'])} |")
-    synth = result["synthesize"]
-    lines += ["", f"Environments: env_version `{synth['env_version']}`."]
-    lines += [f"- no environments for {s['capability']}: {s['reason']}" for s in synth["skipped"]]
-    models = (result.get("evaluate") or {}).get("models", {})
+    synth = result.synthesize
+    if synth is not None:
+        lines += ["", f"Environments: env_version `{synth.env_version}`."]
+        lines += [f"- no environments for {s.capability}: {s.reason}" for s in synth.skipped]
+    models = result.evaluate.models if result.evaluate is not None else {}
     if models:
-        before = models.get("base", {}).get("repeat_failure_rate")
-        after = models.get("composite", {}).get("repeat_failure_rate")
-        overall = {role: m.get("success_overall") for role, m in models.items()}
+        before = models["base"].repeat_failure_rate if "base" in models else None
+        after = models["composite"].repeat_failure_rate if "composite" in models else None
+        overall = {role: m.success_overall for role, m in models.items()}
         lines += ["", f"Repeat-failure rate: before {_fmt(before)}, after {_fmt(after)}.",
                   "Overall success: " + ", ".join(f"{r} {_fmt(v)}" for r, v in sorted(overall.items())) + "."]
-    promote = result.get("promote") or {}
-    if promote:
-        champion = promote.get("champion") or {}
-        verdict = "promoted to champion" if promote.get("promoted") else f"kept as {promote.get('alias')}"
-        lines += ["", f"Composite {registry.COMPOSITE_MODEL} version "
-                  f"{(result.get('route') or {}).get('composite', {}).get('version')}: {verdict}. "
-                  f"Champion: {champion.get('name', '-')} version {champion.get('version', '-')}."]
-        lines += [f"- {reason}" for reason in promote.get("reasons", [])]
+    promote = result.promote
+    if promote is not None:
+        champion = promote.champion or VersionRef(name="-", version="-")
+        verdict = "promoted to champion" if promote.promoted else f"kept as {promote.alias}"
+        composite = result.route.composite.version if result.route is not None else None
+        lines += ["", f"Composite {registry.COMPOSITE_MODEL} version {composite}: {verdict}. "
+                  f"Champion: {champion.name} version {champion.version}."]
+        lines += [f"- {reason}" for reason in promote.reasons]
     lines += ["", "| stage | seconds |", "|---|---|"]
-    lines += [f"| {stage} | {secs} |" for stage, secs in result["seconds"].items()]
+    lines += [f"| {stage} | {secs} |" for stage, secs in result.seconds.items()]
     return "\n".join(lines) + "\n"
 
 
-def json_summary(result: dict[str, Any]) -> dict[str, Any]:
+def json_summary(result: NightResult) -> dict[str, Any]:
     """The `traceops run --json` object: promotion, champion, per-stage seconds and the versions."""
-    promote = result.get("promote") or {}
+    promote, route = result.promote, result.route
     return {
-        "promoted": bool(promote.get("promoted", False)),
-        "champion": promote.get("champion"),
-        "nothing_to_do": result.get("nothing_to_do"),
-        "seconds": result["seconds"],
-        "data_version": result["ingest"]["data_version"],
-        "env_version": (result.get("synthesize") or {}).get("env_version"),
-        "selected": [r["capability"] for r in (result.get("diagnose") or {}).get("selected", [])],
-        "capabilities": capability_rows(result) if result.get("diagnose") else [],
-        "composite": (result.get("route") or {}).get("composite"),
-        "report": (result.get("evaluate") or {}).get("report_path"),
-        "mlflow_run": result["mlflow_run"],
+        "promoted": bool(promote.promoted) if promote is not None else False,
+        "champion": promote.champion.model_dump() if promote is not None and promote.champion else None,
+        "nothing_to_do": result.nothing_to_do,
+        "seconds": result.seconds,
+        "data_version": result.ingest.data_version,
+        "env_version": result.synthesize.env_version if result.synthesize is not None else None,
+        "selected": [r.capability for r in result.diagnose.selected] if result.diagnose is not None else [],
+        "capabilities": capability_rows(result),
+        "composite": route.composite.model_dump() if route is not None else None,
+        "report": result.evaluate.report_path if result.evaluate is not None else None,
+        "mlflow_run": result.mlflow_run,
     }
 
 
-def _nothing_to_do(ingest: dict[str, Any], settings: config.Settings) -> str | None:
+def _nothing_to_do(settings: config.Settings) -> str | None:
     """Why the night can stop after ingestion, or None when there is work."""
     if versioning.data_version(settings.paths.home, "data/curated") is None or not any(
             settings.paths.curated.glob("*.parquet")):
@@ -127,7 +131,7 @@ def _nothing_to_do(ingest: dict[str, Any], settings: config.Settings) -> str | N
 
 @flow(name="traceops-nightly")
 def nightly_flow(logs: list[str], home: str | None = None, outcomes: str | None = None,
-                 calibrate_model: str | None = None) -> dict[str, Any]:
+                 calibrate_model: str | None = None) -> NightResult:
     """One night: ingest, diagnose, synthesize, train, route, evaluate, promote."""
     import mlflow
 
@@ -140,37 +144,37 @@ def nightly_flow(logs: list[str], home: str | None = None, outcomes: str | None 
     started = time.perf_counter()
     with mlflow.start_run(experiment_id=experiment_id, run_name="nightly") as parent:
         parent_id = parent.info.run_id
-        result: dict[str, Any] = {"mlflow_run": parent_id, "seconds": seconds}
-        result["ingest"] = _timed(seconds, "ingest", ingest_task, paths=logs, outcomes=outcomes, home=home,
-                                  parent_run_id=parent_id)
-        result["nothing_to_do"] = _nothing_to_do(result["ingest"], settings)
-        if result["nothing_to_do"] is None:
+        ingest = _timed(seconds, "ingest", ingest_task, paths=logs, outcomes=outcomes, home=home,
+                        parent_run_id=parent_id)
+        stages: dict[str, Any] = {"nothing_to_do": _nothing_to_do(settings)}
+        if stages["nothing_to_do"] is None:
             diagnosis = _timed(seconds, "diagnose", diagnose_flow, home=home, parent_run_id=parent_id)
             synth = _timed(seconds, "synthesize", synthesize_flow, home=home, calibrate_model=calibrate_model,
-                           diagnosis_run=diagnosis["mlflow_run"], parent_run_id=parent_id)
-            result.update(diagnose=diagnosis, synthesize=synth)
-            if not synth["environments"]:
-                result["nothing_to_do"] = "the diagnosis selected no capability that a family covers"
-        if result["nothing_to_do"] is None:
+                           diagnosis_run=diagnosis.mlflow_run, parent_run_id=parent_id)
+            stages.update(diagnose=diagnosis, synthesize=synth)
+            if not synth.environments:
+                stages["nothing_to_do"] = "the diagnosis selected no capability that a family covers"
+        if stages["nothing_to_do"] is None:
             lineage = registry.current_lineage(settings.paths, base_model,
-                                               diagnosis_run=result["diagnose"]["mlflow_run"])
+                                               diagnosis_run=stages["diagnose"].mlflow_run)
             trained = _timed(seconds, "train", train_flow, home=home, base_model=base_model, lineage=lineage,
                              parent_run_id=parent_id)
-            routed = _timed(seconds, "route", route_flow, home=home, adapters=trained["adapters"],
+            routed = _timed(seconds, "route", route_flow, home=home, adapters=trained.adapters,
                             base_model=base_model, lineage=lineage, parent_run_id=parent_id)
             evaluation = _timed(seconds, "evaluate", evaluate_flow, home=home, base_model=base_model,
-                                adapters=trained["adapters"], generic=trained.get("generic"),
+                                adapters=trained.adapters, generic=trained.generic,
                                 composite=routed, parent_run_id=parent_id)
             decision = _timed(seconds, "promote", promote_flow, home=home, evaluation=evaluation,
                               composite=routed, parent_run_id=parent_id)
-            result.update(train=trained, route=routed, evaluate=evaluation, promote=decision)
+            stages.update(train=trained, route=routed, evaluate=evaluation, promote=decision)
         seconds["total"] = round(time.perf_counter() - started, 2)
+        result = NightResult(mlflow_run=parent_id, seconds=seconds, ingest=ingest, **stages)
         mlflow.log_metrics({f"seconds.{stage}": secs for stage, secs in seconds.items()})
-        mlflow.set_tag(registry.TAG_DATA_VERSION, result["ingest"]["data_version"])
-        if result.get("synthesize"):
-            mlflow.set_tag(registry.TAG_ENV_VERSION, result["synthesize"]["env_version"])
-        if result.get("promote"):
-            mlflow.set_tag("traceops.promoted", str(bool(result["promote"].get("promoted"))).lower())
+        mlflow.set_tag(registry.TAG_DATA_VERSION, ingest.data_version)
+        if result.synthesize is not None:
+            mlflow.set_tag(registry.TAG_ENV_VERSION, result.synthesize.env_version)
+        if result.promote is not None:
+            mlflow.set_tag("traceops.promoted", str(result.promote.promoted).lower())
         summary = night_summary_markdown(result)
         mlflow.log_text(summary, "night.md")
     create_markdown_artifact(markdown=summary, key="traceops-night", description="traceops nightly summary")

@@ -13,6 +13,7 @@ from traceops.envs.folder import environment_capabilities
 from traceops.errors import StageError
 from traceops.hashing import folder_hash
 from traceops.moe.route_config import RouteConfig
+from traceops.results import AdapterResult, RouteResult
 
 
 def latest_adapters(paths: config.Paths) -> list[dict[str, Any]]:
@@ -37,25 +38,18 @@ def latest_adapters(paths: config.Paths) -> list[dict[str, Any]]:
     return found
 
 
-def _adapter_rows(adapters: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The fields the route task reads from train results, checked."""
-    rows = []
-    for adapter in adapters:
-        missing = [k for k in ("capability", "model_name", "model_version") if not adapter.get(k)]
-        if missing:
-            raise StageError(f"route: adapter entry {adapter} lacks {', '.join(missing)}; pass train_task "
-                             "results (or leave adapters unset to use the latest registered versions)")
-        rows.append({"capability": adapter["capability"], "model_name": adapter["model_name"],
-                     "model_version": str(adapter["model_version"]),
-                     "adapter_path": adapter.get("adapter_path"), "run_id": adapter.get("run_id", "")})
+def _adapter_rows(adapters: list[AdapterResult]) -> list[dict[str, Any]]:
+    """The fields the route task reads from train results, by capability."""
+    rows = [{"capability": a.capability, "model_name": a.model_name, "model_version": a.model_version,
+             "adapter_path": a.adapter_path, "run_id": ""} for a in adapters]
     return sorted(rows, key=lambda row: row["capability"])
 
 
 @flow(name="traceops-route")
-def route_flow(home: str | None = None, adapters: list[dict[str, Any]] | None = None,
+def route_flow(home: str | None = None, adapters: list[AdapterResult] | None = None,
                top_k: int | None = None, mode: str | None = None, base_model: str = "embedded",
                lineage: dict[str, str] | None = None, parent_run_id: str | None = None,
-               overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+               overrides: dict[str, Any] | None = None) -> RouteResult:
     """Compose the capability adapters into a token-routed MoE-LoRA, fit the routers, register router and
     composite.
 

@@ -10,13 +10,14 @@ from tasks.cache import run_cached, stage_key
 from tasks.synthesize import environments_exist, selected_capabilities, synthesize_task
 from traceops import config, versioning
 from traceops.hashing import file_hash
+from traceops.results import SynthesizeResult
 
 
 @flow(name="traceops-synthesize")
 def synthesize_flow(home: str | None = None, capabilities: list[str] | None = None,
                     calibrate_model: str | None = None, diagnosis_run: str | None = None,
                     parent_run_id: str | None = None,
-                    overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+                    overrides: dict[str, Any] | None = None) -> SynthesizeResult:
     """Synthesize environments for the given (default: the diagnosis' selected) capabilities.
 
     ``overrides`` replace keys of params.yaml's ``synthesize`` section for this run.

@@ -19,6 +19,7 @@ from traceops import config, registry
 from traceops.envs.folder import environment_capabilities
 from traceops.errors import ConfigError
 from traceops.hashing import folder_hash
+from traceops.results import AdapterResult, TrainResult
 from traceops.train.budgets import resolve_budget
 
 
@@ -30,7 +31,7 @@ def adapter_key(settings: config.Settings, capability: str, budget: dict[str, An
 
 
 @flow(name="traceops-train-adapters")
-def _train_adapters(calls: list[dict[str, Any]], home: str | None) -> list[dict[str, Any]]:
+def _train_adapters(calls: list[dict[str, Any]], home: str | None) -> list[AdapterResult]:
     """Submit every adapter's training to the flow's task runner; a cached result whose outputs are gone
     (adapter folder or registered version) is trained again for real."""
     futures = [train_task.submit(**call) for call in calls]
@@ -44,11 +45,11 @@ def _train_adapters(calls: list[dict[str, Any]], home: str | None) -> list[dict[
 @flow(name="traceops-train")
 def train_flow(home: str | None = None, capabilities: list[str] | None = None, budget: str | None = None,
                base_model: str | None = None, lineage: dict[str, str] | None = None,
-               parent_run_id: str | None = None, generic: bool | None = None) -> dict[str, Any]:
+               parent_run_id: str | None = None, generic: bool | None = None) -> TrainResult:
     """Train one adapter per capability (default: every synthesized one) and, with ``generic``, the
     generic LoRA baseline. ``budget``, ``base_model``, ``generic`` default to params.yaml's ``train``.
 
-    Returns {"adapters": [train_task results], "generic": train_generic_task result or None}.
+    Returns the adapters' train_task results and the generic LoRA's result (None without ``generic``).
     """
     from flows.runners import task_runner
 
@@ -87,4 +88,4 @@ def train_flow(home: str | None = None, capabilities: list[str] | None = None, b
         generic_result = train_generic_task(**kwargs)
         if not generic_outputs_exist(generic_result):
             generic_result = train_generic_task.with_options(refresh_cache=True)(**kwargs)
-    return {"adapters": adapters, "generic": generic_result}
+    return TrainResult(adapters=adapters, generic=generic_result)

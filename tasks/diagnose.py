@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 
@@ -17,18 +16,19 @@ from traceops.domains import replay_fn
 from traceops.envs.families import FAMILIES
 from traceops.errors import StageError
 from traceops.model import load_model
+from traceops.results import DiagnoseResult
 from traceops.store import CuratedStore, load_trajectories
 
 
-def diagnosis_outputs_exist(result: dict[str, Any]) -> bool:
+def diagnosis_outputs_exist(result: DiagnoseResult) -> bool:
     """Whether the files a diagnose result names are still on disk."""
-    return all(Path(p).exists() for p in result.get("files", {}).values())
+    return all(Path(p).exists() for p in result.files.values())
 
 
 @task(name="diagnose", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, **CACHED)
 def diagnose_task(key: str, home: str | None = None, labelers: tuple[str, ...] = ("rule",),
                   data_version: str | None = None, parent_run_id: str | None = None,
-                  llm_model: str | None = None) -> dict[str, Any]:
+                  llm_model: str | None = None) -> DiagnoseResult:
     """Diagnose every curated trajectory; write capabilities.json, attributions.parquet, report.html.
 
     ``key`` (data version + parameters) is the cache key: an unchanged store is not diagnosed twice.
@@ -63,6 +63,6 @@ def diagnose_task(key: str, home: str | None = None, labelers: tuple[str, ...] =
                                 f"delta.{row['capability']}": row["delta"] or 0.0})
         for path in files.values():
             mlflow.log_artifact(str(path), "diagnosis")
-    return {**summary, "files": {k: str(v) for k, v in files.items()}, "mlflow_run": run.info.run_id,
-            "trajectories": trajectories}
+    return DiagnoseResult(**summary, files={k: str(v) for k, v in files.items()}, mlflow_run=run.info.run_id,
+                          trajectories=trajectories)
 

@@ -15,45 +15,17 @@ from traceops import config, registry
 from traceops.errors import StageError
 from traceops.evaluation.envs import list_capabilities
 from traceops.evaluation.html import render_eval_html
-from traceops.evaluation.replay import Failed, failed_by_domain
+from traceops.evaluation.replay import logged_failures
 from traceops.evaluation.report import EvalReport, write_reports
 from traceops.evaluation.stage import EvalParams, RoleSpec, evaluate_roles
+from traceops.results import EvalResult, ReplaySummary, RoleSummary
 
 EVAL_JSON, REPORT_HTML = "eval.json", "report.html"
-ATTRIBUTIONS = "attributions.parquet"
 
 
-def evaluation_outputs_exist(result: dict[str, Any]) -> bool:
+def evaluation_outputs_exist(result: EvalResult) -> bool:
     """Whether the files an evaluate result names are still on disk."""
-    return all(Path(result.get(k) or "").is_file() for k in ("eval_json", "report_path"))
-
-
-def logged_failures(settings: config.Settings) -> tuple[str | None, list[Failed], dict[str, int]]:
-    """The domain to replay and its logged failures (task id, attributed capability), from the
-    diagnosis' attributions joined to the curated trajectories' domains; plus the failure count of
-    every domain. The bundled (replayable) domain with the most failures is chosen; when none is
-    bundled, the largest one, whose tasks are then all reported as not replayable."""
-    import pyarrow.parquet as pq
-
-    from traceops.domains import domain_names
-    from traceops.store import TRAJECTORIES_FILE
-
-    attributions = settings.paths.diagnosis / ATTRIBUTIONS
-    if not attributions.is_file():
-        return None, [], {}
-    rows = pq.read_table(attributions).to_pandas()
-    trajectories = settings.paths.curated / TRAJECTORIES_FILE
-    domains: dict[str, str] = {}
-    if trajectories.is_file():
-        table = pq.read_table(trajectories, columns=["id", "domain"]).to_pydict()
-        domains = {str(i): str(d or "") for i, d in zip(table["id"], table["domain"], strict=True)}
-    grouped = failed_by_domain(rows, domains)
-    counts = {d: len(f) for d, f in grouped.items()}
-    if not grouped:
-        return None, [], counts
-    bundled = [d for d in grouped if d in domain_names()]
-    chosen = max(bundled or list(grouped), key=lambda d: (len(grouped[d]), d))
-    return chosen, grouped[chosen], counts
+    return all(Path(p).is_file() for p in (result.eval_json, result.report_path))
 
 
 def metric_prefix(role: str) -> str:
@@ -61,32 +33,32 @@ def metric_prefix(role: str) -> str:
     return role.replace(":", ".")
 
 
-def role_summary(report: EvalReport, spec: RoleSpec, seconds: float) -> dict[str, Any]:
-    """The JSON-able summary of one role the flow returns: where the model came from and its numbers."""
+def role_summary(report: EvalReport, spec: RoleSpec, seconds: float) -> RoleSummary:
+    """The summary of one role the flow returns: where the model came from and its numbers."""
     row = report.to_dict()
-    return {
-        "kind": spec.kind,
-        "ref": spec.ref,
-        "path": spec.path,
-        "capability": spec.capability,
-        "model_id": report.model_id,
-        "weights_hash": report.weights_hash,
-        "success": report.success,
-        "success_overall": row["success.overall"],
-        "pass_k": row["pass_k"],
-        "mean_reward": row["mean_reward.overall"],
-        "repeat_failure_rate": row["repeat_failure_rate"],
-        "refailure_rate": row["refailure_rate"],
-        "replayed": row["replay.replayed"],
-        "regression_overall": row.get("regression.overall"),
-        "seconds": seconds,
-    }
+    return RoleSummary(
+        kind=spec.kind,
+        ref=spec.ref,
+        path=spec.path,
+        capability=spec.capability,
+        model_id=report.model_id,
+        weights_hash=report.weights_hash,
+        success=report.success,
+        success_overall=row["success.overall"],
+        pass_k=row["pass_k"],
+        mean_reward=row["mean_reward.overall"],
+        repeat_failure_rate=row["repeat_failure_rate"],
+        refailure_rate=row["refailure_rate"],
+        replayed=row["replay.replayed"],
+        regression_overall=row.get("regression.overall"),
+        seconds=seconds,
+    )
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
       **CACHED)
 def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embedded",
-                  home: str | None = None, parent_run_id: str | None = None) -> dict[str, Any]:
+                  home: str | None = None, parent_run_id: str | None = None) -> EvalResult:
     """Evaluate every role (``RoleSpec`` dicts) on the test split of every environment and on the
     replay of the logged failures; write ``eval.json`` and ``report.html`` under ``paths.eval``.
 
@@ -106,7 +78,8 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
     capabilities = list_capabilities(paths.environments)
     if not capabilities:
         raise StageError(f"evaluate: no environments under {paths.environments}; run `traceops synthesize`")
-    domain, failed, failed_counts = logged_failures(settings) if params.replay else (None, [], {})
+    domain, failed, failed_counts = (logged_failures(paths.diagnosis, paths.curated) if params.replay
+                                     else (None, [], {}))
     logger = get_run_logger()
     with stage_run(settings, "evaluate", parent_run_id,
                    params={**params.as_dict(), "base_model": base_ref,
@@ -136,13 +109,12 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
         mlflow.log_artifact(str(eval_json), "evaluation")
         mlflow.log_artifact(str(report_path), "evaluation")
     by_spec = {s.role: s for s in specs}
-    return {
-        "models": {role: role_summary(report, by_spec[role], seconds[role])
-                   for role, report in reports.items()},
-        "report_path": str(report_path),
-        "eval_json": str(eval_json),
-        "mlflow_run": run.info.run_id,
-        "capabilities": capabilities,
-        "replay": meta["replay"],
-        "seconds": seconds,
-    }
+    return EvalResult(
+        models={role: role_summary(report, by_spec[role], seconds[role]) for role, report in reports.items()},
+        report_path=str(report_path),
+        eval_json=str(eval_json),
+        mlflow_run=run.info.run_id,
+        capabilities=capabilities,
+        replay=ReplaySummary(**meta["replay"]),
+        seconds=seconds,
+    )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -12,6 +10,7 @@ from tasks.tracking import stage_run
 from traceops import config, registry, versioning
 from traceops.ingest import ingest_paths
 from traceops.lineage import manifest_hash, raw_files_manifest
+from traceops.results import IngestResult
 
 CURATED = "data/curated"
 
@@ -19,7 +18,7 @@ CURATED = "data/curated"
 @task(name="ingest", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
       cache_policy=NO_CACHE)
 def ingest_task(paths: list[str], fmt: str = "auto", outcomes: str | None = None, home: str | None = None,
-                parent_run_id: str | None = None) -> dict[str, Any]:
+                parent_run_id: str | None = None) -> IngestResult:
     """Ingest log files into the curated store; returns the counts and the new data_version.
 
     Not cached: ingestion is idempotent by content hash, so a rerun over the same files only reads.
@@ -44,6 +43,6 @@ def ingest_task(paths: list[str], fmt: str = "auto", outcomes: str | None = None
         registry.log_json(result.reasons, "quarantine/reasons.json")
         if result.quarantine_file is not None and result.quarantine_file.exists():
             mlflow.log_artifact(str(result.quarantine_file), "quarantine")
-    return {"read": result.read, "accepted": result.accepted, "duplicates": result.duplicates,
-            "quarantined": result.quarantined, "data_version": data_version,
-            "quarantine_reasons": result.reasons, "mlflow_run": run.info.run_id}
+    return IngestResult(read=result.read, accepted=result.accepted, duplicates=result.duplicates,
+                        quarantined=result.quarantined, data_version=data_version,
+                        quarantine_reasons=result.reasons, mlflow_run=run.info.run_id)

@@ -17,6 +17,7 @@ from traceops.evaluation.report import read_reports
 from traceops.evaluation.stage import BASE, CHAMPION, COMPOSITE
 from traceops.promote import CHAMPION as CHAMPION_ALIAS
 from traceops.promote import Gates, decide
+from traceops.results import PromoteResult, VersionRef
 
 
 def _version_of(meta: dict[str, Any], role: str) -> str | None:
@@ -24,14 +25,14 @@ def _version_of(meta: dict[str, Any], role: str) -> str | None:
     return str(ref["version"]) if ref.get("version") is not None else None
 
 
-def _ref_dict(ref: Any) -> dict[str, str] | None:
-    return None if ref is None else {"name": str(ref.name), "version": str(ref.version)}
+def _version_ref(ref: Any) -> VersionRef | None:
+    return None if ref is None else VersionRef(name=str(ref.name), version=str(ref.version))
 
 
 @task(name="promote", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
       cache_policy=NO_CACHE)
 def promote_task(eval_json: str, version: str | None = None, home: str | None = None,
-                 parent_run_id: str | None = None) -> dict[str, Any]:
+                 parent_run_id: str | None = None) -> PromoteResult:
     """Decide whether the evaluated composite (registered ``version``, default: the one eval.json names)
     becomes ``champion`` (old champion -> ``previous``) or ``challenger``; log the decision.
 
@@ -54,16 +55,17 @@ def promote_task(eval_json: str, version: str | None = None, home: str | None = 
     name = registry.COMPOSITE_MODEL
     current = registry.get_alias(name, CHAMPION_ALIAS)
     gates = Gates.from_params(settings.stage("promote"))
+    candidate = VersionRef(name=name, version=version)
     with stage_run(settings, "promote", parent_run_id,
                    params={"model": name, "version": version, **gates.__dict__,
                            "champion_before": current.version if current else None}) as run:
         if current is not None and str(current.version) == version:
             # Tonight's composite is already the champion (an unchanged night): nothing moves.
-            result = {
-                "promoted": False, "changed": False, "alias": CHAMPION_ALIAS, "champion": _ref_dict(current),
-                "reasons": [f"{name} version {version} already holds the champion alias; nothing changed."],
-                "checks": {}, "aliases": {},
-            }
+            result = PromoteResult(
+                promoted=False, changed=False, alias=CHAMPION_ALIAS, champion=_version_ref(current),
+                reasons=[f"{name} version {version} already holds the champion alias; nothing changed."],
+                checks={}, aliases={}, candidate=candidate, mlflow_run=run.info.run_id,
+            )
         else:
             champion = None
             if current is not None:
@@ -78,11 +80,11 @@ def promote_task(eval_json: str, version: str | None = None, home: str | None = 
             decision = decide(reports[COMPOSITE], champion, reports[BASE], gates)
             aliases = registry.promote_aliases(name, version, decision.promote)
             after = registry.get_alias(name, CHAMPION_ALIAS)
-            result = {
-                "promoted": decision.promote, "changed": True, "alias": decision.alias,
-                "champion": _ref_dict(after), "reasons": decision.reasons, "checks": decision.checks,
-                "aliases": aliases,
-            }
+            result = PromoteResult(
+                promoted=decision.promote, changed=True, alias=decision.alias, champion=_version_ref(after),
+                reasons=decision.reasons, checks=decision.checks, aliases=aliases, candidate=candidate,
+                mlflow_run=run.info.run_id,
+            )
             report = render_eval_html(reports, Path(eval_json).with_name("report.html"), decision=decision,
                                       title="traceops evaluation and promotion")
             mlflow.log_artifact(str(report), "evaluation")
@@ -90,9 +92,10 @@ def promote_task(eval_json: str, version: str | None = None, home: str | None = 
                 mlflow.log_metric(f"check.{check}.passed", float(bool(row["passed"])))
                 if isinstance(row.get("value"), (int, float)):
                     mlflow.log_metric(f"check.{check}.value", float(row["value"]))
-        mlflow.log_metric("promoted", float(result["promoted"]))
-        mlflow.set_tag("traceops.decision", result["alias"])
+        mlflow.log_metric("promoted", float(result.promoted))
+        mlflow.set_tag("traceops.decision", result.alias)
         mlflow.set_tag("traceops.candidate", f"{name}/{version}")
-        registry.log_json({"candidate": {"name": name, "version": version}, **result},
-                          "promote/decision.json")
-    return {**result, "candidate": {"name": name, "version": version}, "mlflow_run": run.info.run_id}
+        # The decision record as before typed results: the candidate first, no run id.
+        decision_record = result.model_dump(exclude={"candidate", "mlflow_run"})
+        registry.log_json({"candidate": candidate.model_dump(), **decision_record}, "promote/decision.json")
+    return result

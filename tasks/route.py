@@ -25,14 +25,15 @@ from traceops.atomic import atomic_folder
 from traceops.errors import ConfigError, StageError
 from traceops.moe.compose import compose, composite_fitted, expert_records, fit_metrics
 from traceops.moe.route_config import RouteConfig
+from traceops.results import RouteResult, VersionRef
 
 TAG_ROUTE_KEY = "traceops.route_key"
 TAG_REUSED_RUN = "traceops.reused_run"
 ROUTING_ARTIFACT = "routing.json"
-def composite_exists(result: dict[str, Any]) -> bool:
+def composite_exists(result: RouteResult) -> bool:
     """Whether the composite folder a route result names is on disk and is the one that result fitted
     (a later fit with other inputs may have replaced it)."""
-    return composite_fitted(Path(result.get("composite_path", "")), str(result.get("key", "")))
+    return composite_fitted(Path(result.composite_path), result.key)
 
 
 def _adapter_folder(paths: config.Paths, adapter: dict[str, Any]) -> Path:
@@ -94,7 +95,7 @@ def restore_registered(paths: config.Paths, router: registry.ModelRef, key: str,
 @task(name="route", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, **CACHED)
 def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None,
                params: dict[str, Any] | None = None, base_model: str = "embedded",
-               lineage: dict[str, str] | None = None, parent_run_id: str | None = None) -> dict[str, Any]:
+               lineage: dict[str, str] | None = None, parent_run_id: str | None = None) -> RouteResult:
     """Build the composite over ``adapters`` (train results: capability, model_name, model_version,
     adapter_path), fit its routers, save it to ``<models>/composite`` and register router and composite.
 
@@ -149,15 +150,15 @@ def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None
                                                     base_model=_base_arg(base_model),
                                                     extra_tags={TAG_ROUTE_KEY: key})
     summary = {k: v for k, v in metrics.items() if not k.startswith("val_share.")}
-    return {
-        "key": key,
-        "router": {"name": router.name, "version": router.version},
-        "composite": {"name": composite.name, "version": composite.version},
-        "composite_path": str(target),
-        "parent_versions": {**parent_versions, registry.ROUTER_MODEL: router.version},
-        "routing": {**summary, "val": routing},
-        "mlflow_run": fit_run,
-    }
+    return RouteResult(
+        key=key,
+        router=VersionRef(name=router.name, version=router.version),
+        composite=VersionRef(name=composite.name, version=composite.version),
+        composite_path=str(target),
+        parent_versions={**parent_versions, registry.ROUTER_MODEL: router.version},
+        routing={**summary, "val": routing},
+        mlflow_run=fit_run,
+    )
 
 
 def _base_arg(base_model: str) -> str | None:

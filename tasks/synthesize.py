@@ -13,11 +13,12 @@ from tasks.cache import CACHED
 from tasks.retry import retry_unless_user_error
 from tasks.tracking import stage_run, work_timer
 from traceops import config, registry, versioning
-from traceops.envs.calibration import agent_episodes
+from traceops.agent import agent_episodes
 from traceops.envs.synthesize import synthesize
 from traceops.errors import StageError
 from traceops.model import load_model
 from traceops.model.openai_compat import public_url
+from traceops.results import EnvironmentSummary, SkippedCapability, SynthesizeResult
 from traceops.store import load_trajectories
 
 ENVIRONMENTS = "data/environments"
@@ -32,11 +33,10 @@ def selected_capabilities(diagnosis_dir: Path) -> list[str]:
     return [row["capability"] for row in doc.get("selected", [])]
 
 
-def environments_exist(result: dict[str, Any]) -> bool:
+def environments_exist(result: SynthesizeResult) -> bool:
     """Whether the environment folders a synthesize result names are still on disk."""
-    root = Path(result.get("out_dir", ""))
-    wanted = result.get("capabilities", [])
-    return root.is_dir() and all((root / c / "manifest.json").exists() for c in wanted)
+    root = Path(result.out_dir)
+    return root.is_dir() and all((root / c / "manifest.json").exists() for c in result.capabilities)
 
 
 def _swap_in(fresh: Path, target: Path) -> None:
@@ -54,7 +54,7 @@ def _swap_in(fresh: Path, target: Path) -> None:
 def synthesize_task(key: str, capabilities: list[str], home: str | None = None,
                     calibrate_model: str | None = None, diagnosis_run: str | None = None,
                     parent_run_id: str | None = None,
-                    overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+                    overrides: dict[str, Any] | None = None) -> SynthesizeResult:
     """Generate, self-test (and optionally calibrate) environments; version them with DVC.
 
     ``key`` (diagnosis + data version + parameters) is the cache key, so unchanged inputs are not
@@ -91,12 +91,12 @@ def synthesize_task(key: str, capabilities: list[str], home: str | None = None,
                 mlflow.log_metric(f"tasks.{capability}.{split}", manifest["counts"][split])
             registry.log_json(manifest, f"manifests/{capability}.json")
         registry.log_json(result.skipped, "skipped.json")
-    summary = result.to_dict()
     environments = [
-        {"capability": c, **{s: m["counts"].get(s, 0) for s in ("train", "val", "test")},
-         "self_tests_passed": bool(m["self_tests"]["passed"])}
+        EnvironmentSummary(capability=c, **{s: m["counts"].get(s, 0) for s in ("train", "val", "test")},
+                           self_tests_passed=bool(m["self_tests"]["passed"]))
         for c, m in sorted(result.manifests.items())
     ]
-    return {"environments": environments, "env_version": env_version, "skipped": result.skipped,
-            "capabilities": summary["capabilities"], "out_dir": str(paths.environments),
-            "mlflow_run": run.info.run_id}
+    return SynthesizeResult(environments=environments, env_version=env_version,
+                            skipped=[SkippedCapability(**s) for s in result.skipped],
+                            capabilities=sorted(result.manifests), out_dir=str(paths.environments),
+                            mlflow_run=run.info.run_id)

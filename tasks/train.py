@@ -26,6 +26,7 @@ from traceops import config, registry
 from traceops.atomic import atomic_folder
 from traceops.errors import ConfigError
 from traceops.hashing import folder_hash
+from traceops.results import AdapterResult, GenericResult
 from traceops.train import checkpoint as ckpt
 from traceops.train.budgets import Budget, resolve_budget
 
@@ -117,26 +118,26 @@ def _log_curves(result: Any) -> None:
     mlflow.log_metrics(metrics)
 
 
-def adapter_outputs_exist(result: dict[str, Any], home: str | None = None) -> bool:
+def adapter_outputs_exist(result: AdapterResult, home: str | None = None) -> bool:
     """Whether a cached train result's adapter folder and registered version both still exist."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    if not ckpt.is_adapter(Path(result.get("adapter_path", ""))):
+    if not ckpt.is_adapter(Path(result.adapter_path)):
         return False
     paths = config.load(home).paths
     registry.configure(paths)
     try:
-        MlflowClient(paths.mlflow_uri, paths.mlflow_uri).get_model_version(result["model_name"],
-                                                                           result["model_version"])
-    except (MlflowException, KeyError):
+        MlflowClient(paths.mlflow_uri, paths.mlflow_uri).get_model_version(result.model_name,
+                                                                           result.model_version)
+    except MlflowException:
         return False
     return True
 
 
-def generic_outputs_exist(result: dict[str, Any]) -> bool:
+def generic_outputs_exist(result: GenericResult) -> bool:
     """Whether a cached generic result's adapter folder still exists."""
-    return ckpt.is_adapter(Path(result.get("adapter_path", "")))
+    return ckpt.is_adapter(Path(result.adapter_path))
 
 
 @task(name="train-adapter", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
@@ -144,7 +145,7 @@ def generic_outputs_exist(result: dict[str, Any]) -> bool:
 def train_task(key: str, capability: str, home: str | None = None, budget: str = "small",
                base_model: str = "embedded", lineage: dict[str, str] | None = None,
                parent_run_id: str | None = None, seed: int = 0,
-               budget_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+               budget_overrides: dict[str, Any] | None = None) -> AdapterResult:
     """Train, track and register one capability's adapter; resumes a killed attempt from its checkpoint.
 
     ``key`` (the capability's environments folder hash, budget, base model, seed) is the cache key, so
@@ -179,25 +180,25 @@ def train_task(key: str, capability: str, home: str | None = None, budget: str =
         mlflow.set_tag(TAG_ADAPTER_HASH, folder_hash(folder))
         ref = register_once(paths, folder, capability, lineage, base_model)
         mlflow.set_tag("traceops.registered_version", ref["version"])
-    return {
-        "capability": capability, "model_name": ref["name"], "model_version": ref["version"],
-        "mlflow_run": run_id, "adapter_path": str(folder), "adapter_hash": ref["adapter_hash"],
-        "val_success_before": result.val_before.get("success"),
-        "val_success_after": result.val_after.get("success"),
-        "test_success_before": result.test_before.get("success"),
-        "test_success_after": result.test_after.get("success"),
-        "sft_steps": len(result.sft_losses), "grpo_steps": len(result.grpo_rewards),
-        "dropped_constant_groups": result.dropped_constant_groups,
-        "grpo_skipped_updates": result.skipped_updates, "resumed_from": result.resumed_from,
-        "seconds": round(result.timings.get("total", 0.0), 2),
-    }
+    return AdapterResult(
+        capability=capability, model_name=ref["name"], model_version=ref["version"],
+        mlflow_run=run_id, adapter_path=str(folder), adapter_hash=ref["adapter_hash"],
+        val_success_before=result.val_before.get("success"),
+        val_success_after=result.val_after.get("success"),
+        test_success_before=result.test_before.get("success"),
+        test_success_after=result.test_after.get("success"),
+        sft_steps=len(result.sft_losses), grpo_steps=len(result.grpo_rewards),
+        dropped_constant_groups=result.dropped_constant_groups,
+        grpo_skipped_updates=result.skipped_updates, resumed_from=result.resumed_from,
+        seconds=round(result.timings.get("total", 0.0), 2),
+    )
 
 
 @task(name="train-generic", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
       **CACHED)
 def train_generic_task(key: str, capabilities: list[str], home: str | None = None, budget: str = "small",
                        base_model: str = "embedded", parent_run_id: str | None = None,
-                       seed: int = 0, budget_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+                       seed: int = 0, budget_overrides: dict[str, Any] | None = None) -> GenericResult:
     """Train the generic LoRA (all capabilities' demonstrations, the adapters' total SFT budget) into
     models/generic and log it as an MLflow run; it is an evaluation baseline, never registered."""
     import mlflow
@@ -230,7 +231,7 @@ def train_generic_task(key: str, capabilities: list[str], home: str | None = Non
         registry.log_json(result.config, "train/generic_config.json")
         folder = _publish(Path(result.adapter_path), generic_dir(paths))
         mlflow.set_tag(TAG_ADAPTER_HASH, folder_hash(folder))
-    return {"adapter_path": str(folder), "mlflow_run": run.info.run_id, "capabilities": list(capabilities),
-            "sft_steps": len(result.sft_losses),
-            "val_success_after": {c: v["success"] for c, v in result.val_after.items()},
-            "seconds": round(result.timings.get("total", 0.0), 2)}
+    return GenericResult(adapter_path=str(folder), mlflow_run=run.info.run_id,
+                         capabilities=list(capabilities), sft_steps=len(result.sft_losses),
+                         val_success_after={c: v["success"] for c, v in result.val_after.items()},
+                         seconds=round(result.timings.get("total", 0.0), 2))

@@ -15,6 +15,7 @@ from traceops import config, registry
 from traceops.errors import ConfigError
 from traceops.evaluate import read_reports
 from traceops.evaluation.stage import EvalParams, RoleSpec, replay_sample, role_capabilities
+from traceops.results import EvalResult, VersionRef
 from traceops.schema import Message, Outcome, Source, Trajectory
 
 CAPS = ["argument_grounding", "tool_call_format"]
@@ -83,18 +84,17 @@ def test_evaluate_flow_evaluates_every_role_and_logs_it(eval_home: dict) -> None
 
     home, paths = eval_home["home"], config.load(eval_home["home"]).paths
     kwargs = {"home": str(home), "base_model": str(eval_home["base"]),
-              "adapters": [{"capability": c, "adapter_path": str(p)}
-                           for c, p in eval_home["adapters"].items()],
-              "generic": {"adapter_path": str(eval_home["generic"])},
-              "composite": {"composite_path": str(eval_home["composite"]), "composite": None}}
+              "adapters": {c: str(p) for c, p in eval_home["adapters"].items()},
+              "generic": str(eval_home["generic"]), "composite": str(eval_home["composite"])}
     result = evaluate_flow(**kwargs)
 
     roles = ["base", "adapter:argument_grounding", "adapter:tool_call_format", "generic", "composite",
              "champion"]
-    assert list(result["models"]) == roles
-    assert result["models"]["champion"]["ref"] == {"name": "traceops.composite",
-                                                   "version": eval_home["champion"].version}
-    reports, meta = read_reports(result["eval_json"])
+    assert isinstance(result, EvalResult) and list(result.models) == roles
+    assert result.models["champion"].ref == VersionRef(name="traceops.composite",
+                                                       version=eval_home["champion"].version)
+    assert result.replay.domain == "retail" and result.replay.failed == 3
+    reports, meta = read_reports(result.eval_json)
     assert list(reports) == roles and meta["capabilities"] == CAPS and meta["params"]["limit"] == 1
     for role, report in reports.items():
         assert sorted(report.envs.capabilities) == CAPS
@@ -110,12 +110,12 @@ def test_evaluate_flow_evaluates_every_role_and_logs_it(eval_home: dict) -> None
     assert meta["replay"]["domain"] == "retail" and meta["replay"]["failed"] == 3
     assert reports["composite"].model_id != reports["champion"].model_id or (
         reports["composite"].weights_hash != reports["champion"].weights_hash)
-    page = Path(result["report_path"]).read_text()
-    assert Path(result["report_path"]) == paths.eval / "report.html" and page.count("<svg") >= 2
+    page = Path(result.report_path).read_text()
+    assert Path(result.report_path) == paths.eval / "report.html" and page.count("<svg") >= 2
     assert all(role in page for role in roles)
 
     client = MlflowClient(paths.mlflow_uri)
-    run = client.get_run(result["mlflow_run"])
+    run = client.get_run(result.mlflow_run)
     assert run.data.tags["traceops.stage"] == "evaluate"
     metrics = run.data.metrics
     for role in ("base", "adapter.tool_call_format", "generic", "composite", "champion"):
@@ -127,11 +127,12 @@ def test_evaluate_flow_evaluates_every_role_and_logs_it(eval_home: dict) -> None
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
     assert artifacts == {"evaluation/eval.json", "evaluation/report.html"}
 
-    # Unchanged inputs: served from the cache; outputs gone: evaluated again.
-    assert evaluate_flow(**kwargs)["mlflow_run"] == result["mlflow_run"]
-    Path(result["eval_json"]).unlink()
+    # Unchanged inputs: served from the cache (Prefect's JSON result is the same typed result); outputs
+    # gone: evaluated again.
+    assert evaluate_flow(**kwargs) == result
+    Path(result.eval_json).unlink()
     again = evaluate_flow(**kwargs)
-    assert again["mlflow_run"] != result["mlflow_run"] and Path(again["eval_json"]).is_file()
+    assert again.mlflow_run != result.mlflow_run and Path(again.eval_json).is_file()
 
 
 def test_eval_params_and_the_own_capability_cut() -> None:

@@ -43,7 +43,7 @@ def night(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
 
     ingest = ingest_task.fn([str(raw)], home=str(home))
     with stage_run(settings, "diagnose") as diagnose:
-        mlflow.set_tag(registry.TAG_DATA_VERSION, ingest["data_version"])
+        mlflow.set_tag(registry.TAG_DATA_VERSION, ingest.data_version)
     for cap in CAPABILITIES:
         folder = paths.environments / cap
         folder.mkdir(parents=True)
@@ -78,7 +78,7 @@ def nodes(tree: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def test_ingest_records_a_raw_files_manifest(night: dict[str, Any]) -> None:
-    run = mlflow.MlflowClient(night["paths"].mlflow_uri).get_run(night["ingest"]["mlflow_run"])
+    run = mlflow.MlflowClient(night["paths"].mlflow_uri).get_run(night["ingest"].mlflow_run)
     expected = raw_files_manifest([night["raw"]], night["paths"].home)
     assert [e["path"] for e in expected] == [f"data/raw/logs/{f.name}" for f in sorted(FIXTURES.iterdir())]
     logged = json.loads(mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/raw_files.json"))
@@ -100,9 +100,9 @@ def test_champion_lineage_resolves_every_link(night: dict[str, Any]) -> None:
     assert {f"{c}/tasks.jsonl" for c in CAPABILITIES} <= per_capability
     assert {n["md5"] for n in envs} == {night["env_version"]}
     data = next(n for n in listed if n["kind"] == "data_version")
-    assert data["md5"] == night["ingest"]["data_version"]
+    assert data["md5"] == night["ingest"].data_version
     (ingest_run,) = data["children"]
-    assert ingest_run["run_id"] == night["ingest"]["mlflow_run"]
+    assert ingest_run["run_id"] == night["ingest"].mlflow_run
     assert sorted(f["path"] for f in ingest_run["children"]) == sorted(
         f"data/raw/logs/{f.name}" for f in FIXTURES.iterdir())
     assert all(f["status"] == "ok" for f in ingest_run["children"])

@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 from traceops import config, registry
 from traceops.errors import StageError
 from traceops.evaluate import CapabilityEval, EnvEval, EvalReport, ReplayEval, ReplayTask, write_reports
+from traceops.results import VersionRef
 
 CAPS = ["argument_grounding", "tool_call_format"]
 
@@ -30,7 +31,7 @@ def report(name: str, wins: dict[str, int], repeats: int, n: int = 10) -> EvalRe
 
 
 def night(path: Path, composite: tuple[str, dict[str, int], int], base: tuple[dict[str, int], int],
-          champion: tuple[str, dict[str, int], int] | None = None) -> dict[str, str]:
+          champion: tuple[str, dict[str, int], int] | None = None) -> str:
     """Write an eval.json: base, tonight's composite (registered version, wins, repeats), champion."""
     reports = {"base": report("base", *base), "composite": report("composite", *composite[1:])}
     roles: dict[str, Any] = {"base": {"kind": "base", "ref": None},
@@ -41,7 +42,7 @@ def night(path: Path, composite: tuple[str, dict[str, int], int], base: tuple[di
         roles["champion"] = {"kind": "composite",
                              "ref": {"name": registry.COMPOSITE_MODEL, "version": champion[0]}}
     write_reports(reports, path, {"roles": roles})
-    return {"eval_json": str(path)}
+    return str(path)
 
 
 @pytest.fixture()
@@ -83,12 +84,12 @@ def test_promotion_across_nights_moves_the_aliases(home: Path, versions: list[st
 
     # First night, no champion: the composite beats the base model overall and repeats fewer failures.
     first = promote_flow(home=str(home), evaluation=night(eval_json, (v1, {c: 6 for c in CAPS}, 1), base))
-    assert first["promoted"] and first["changed"] and first["alias"] == "champion"
-    assert first["champion"] == {"name": registry.COMPOSITE_MODEL, "version": v1}
-    assert first["checks"]["beats_base"]["passed"] and "first night" in first["reasons"][0]
+    assert first.promoted and first.changed and first.alias == "champion"
+    assert first.champion == VersionRef(name=registry.COMPOSITE_MODEL, version=v1)
+    assert first.checks["beats_base"]["passed"] and "first night" in first.reasons[0]
     assert aliases(paths) == {"champion": v1}
     client = MlflowClient(paths.mlflow_uri, paths.mlflow_uri)
-    run = client.get_run(first["mlflow_run"])
+    run = client.get_run(first.mlflow_run)
     assert run.data.metrics["promoted"] == 1.0 and run.data.tags["traceops.decision"] == "champion"
     assert run.data.metrics["check.beats_base.passed"] == 1.0
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "promote")}
@@ -96,25 +97,25 @@ def test_promotion_across_nights_moves_the_aliases(home: Path, versions: list[st
     assert "Promoted to champion" in (paths.eval / "report.html").read_text()
 
     # The same version again (an unchanged night): nothing moves.
-    same = promote_flow(home=str(home), evaluation={"eval_json": str(eval_json)})
-    assert not same["promoted"] and not same["changed"] and same["champion"]["version"] == v1
+    same = promote_flow(home=str(home), evaluation=str(eval_json))
+    assert not same.promoted and not same.changed and same.champion.version == v1
     assert aliases(paths) == {"champion": v1}
 
     # Night 2: better overall, but one capability drops by more than the bound -> challenger.
     regressed = night(eval_json, (v2, {"argument_grounding": 10, "tool_call_format": 3}, 1), base,
                       champion=(v1, {c: 6 for c in CAPS}, 1))
     second = promote_flow(home=str(home), evaluation=regressed,
-                          composite={"composite": {"name": registry.COMPOSITE_MODEL, "version": v2}})
-    assert not second["promoted"] and second["alias"] == "challenger" and second["changed"]
-    assert not second["checks"]["capability_regression"]["passed"]
-    assert second["checks"]["capability_regression"]["regressed"] == ["tool_call_format"]
-    assert second["champion"]["version"] == v1 and aliases(paths) == {"champion": v1, "challenger": v2}
+                          composite=VersionRef(name=registry.COMPOSITE_MODEL, version=v2))
+    assert not second.promoted and second.alias == "challenger" and second.changed
+    assert not second.checks["capability_regression"]["passed"]
+    assert second.checks["capability_regression"]["regressed"] == ["tool_call_format"]
+    assert second.champion.version == v1 and aliases(paths) == {"champion": v1, "challenger": v2}
 
     # Night 3: the challenger, re-evaluated, is better everywhere and repeats fewer failures -> champion;
     # the old champion keeps `previous` and the challenger alias goes.
     better = night(eval_json, (v2, {c: 8 for c in CAPS}, 0), base, champion=(v1, {c: 6 for c in CAPS}, 1))
     third = promote_flow(home=str(home), evaluation=better)
-    assert third["promoted"] and third["champion"]["version"] == v2
+    assert third.promoted and third.champion.version == v2
     assert aliases(paths) == {"champion": v2, "previous": v1}
 
     # A champion that tonight's evaluation did not re-evaluate cannot be compared with.

@@ -60,10 +60,10 @@ def test_route_flow_fits_registers_reloads_and_caches(route_home: Path, tiny_mod
     result = route_flow(home=str(home), base_model=str(tiny_model_dir))
 
     adapters = {registry.adapter_model_name(c): "1" for c in CAPS}
-    assert result["router"] == {"name": registry.ROUTER_MODEL, "version": "1"}
-    assert result["composite"] == {"name": registry.COMPOSITE_MODEL, "version": "1"}
-    assert result["parent_versions"] == {**adapters, registry.ROUTER_MODEL: "1"}
-    composite_dir = Path(result["composite_path"])
+    assert result.router.model_dump() == {"name": registry.ROUTER_MODEL, "version": "1"}
+    assert result.composite.model_dump() == {"name": registry.COMPOSITE_MODEL, "version": "1"}
+    assert result.parent_versions == {**adapters, registry.ROUTER_MODEL: "1"}
+    composite_dir = Path(result.composite_path)
     assert composite_dir == paths.models / "composite"
     info = json.loads((composite_dir / "composite.json").read_text())
     assert {c: (e["model_name"], e["model_version"]) for c, e in info["experts"].items()} == {
@@ -74,7 +74,7 @@ def test_route_flow_fits_registers_reloads_and_caches(route_home: Path, tiny_mod
 
     # One MLflow stage run: fit curves, accuracy per capability, the val routing summary and artifact.
     client = MlflowClient(paths.mlflow_uri, paths.mlflow_uri)
-    run = client.get_run(result["mlflow_run"])
+    run = client.get_run(result.mlflow_run)
     assert run.data.tags["traceops.stage"] == "route"
     for part in ("total", "route", "lm", "balance", "z"):
         history = client.get_metric_history(run.info.run_id, f"fit_{part}_loss")
@@ -84,7 +84,7 @@ def test_route_flow_fits_registers_reloads_and_caches(route_home: Path, tiny_mod
         assert 0.0 <= metrics[f"routing_accuracy.{cap}"] <= 1.0
         shares = [metrics[f"val_share.{cap}.{name}"] for name in [*CAPS, "null"]]
         assert sum(shares) == pytest.approx(1.0, abs=1e-4)
-        assert result["routing"]["val"][cap]["tokens"] > 0
+        assert result.routing["val"][cap]["tokens"] > 0
     routing_doc = json.loads(Path(client.download_artifacts(run.info.run_id, "routing.json",
                                                             str(home / "dl"))).read_text())
     assert set(routing_doc["val_routing"]) == set(CAPS) and len(routing_doc["fit"]["losses"]["route"]) == 4
@@ -96,7 +96,7 @@ def test_route_flow_fits_registers_reloads_and_caches(route_home: Path, tiny_mod
     parents = json.loads(composite_tags[registry.TAG_PARENT_VERSIONS])
     assert parents == {**adapters, registry.ROUTER_MODEL: "1"}
     assert all(key in composite_tags for key in registry.LINEAGE_KEYS)
-    assert composite_tags[registry.TAG_SOURCE_RUN] == result["mlflow_run"]
+    assert composite_tags[registry.TAG_SOURCE_RUN] == result.mlflow_run
 
     # The registered composite = the registered adapters + the fitted routers: rebuilding it from the
     # adapter versions and the saved router weights gives the reloaded composite's logits exactly.
@@ -121,13 +121,13 @@ def test_route_flow_fits_registers_reloads_and_caches(route_home: Path, tiny_mod
 
     # Unchanged inputs: served from the cache, no new run, no new version.
     again = route_flow(home=str(home), base_model=str(tiny_model_dir))
-    assert again["mlflow_run"] == result["mlflow_run"] and again["composite"] == result["composite"]
+    assert again.mlflow_run == result.mlflow_run and again.composite == result.composite
     assert registry.latest_version(registry.COMPOSITE_MODEL).version == "1"
 
     # Another top-k is another composite: refitted and registered as version 2 of both.
     other = route_flow(home=str(home), base_model=str(tiny_model_dir), top_k=1)
-    assert other["mlflow_run"] != result["mlflow_run"]
-    assert other["composite"]["version"] == "2" and other["parent_versions"][registry.ROUTER_MODEL] == "2"
+    assert other.mlflow_run != result.mlflow_run
+    assert other.composite.version == "2" and other.parent_versions[registry.ROUTER_MODEL] == "2"
     assert read_config(composite_dir).top_k == 1
 
 
@@ -158,10 +158,10 @@ def test_route_rerun_after_lost_result_or_folder_reuses_the_registered_versions(
     home = route_home
     paths = config.load(home).paths
     first = route_flow(home=str(home), base_model=str(tiny_model_dir))
-    composite_dir = Path(first["composite_path"])
+    composite_dir = Path(first.composite_path)
     fitted_hash = folder_hash(composite_dir)
     client = MlflowClient(paths.mlflow_uri, paths.mlflow_uri)
-    assert client.get_model_version(registry.COMPOSITE_MODEL, "1").tags[TAG_ROUTE_KEY] == first["key"]
+    assert client.get_model_version(registry.COMPOSITE_MODEL, "1").tags[TAG_ROUTE_KEY] == first.key
 
     # The folder is gone: the cached result is not trusted, the task reruns and restores the folder.
     import shutil
@@ -171,16 +171,16 @@ def test_route_rerun_after_lost_result_or_folder_reuses_the_registered_versions(
     assert folder_hash(composite_dir) == fitted_hash
 
     # No Prefect result at all (the task body runs again): still the same versions, nothing refitted.
-    rerun = route_task.fn(key=first["key"], adapters=[
+    rerun = route_task.fn(key=first.key, adapters=[
         {"capability": c, "model_name": registry.adapter_model_name(c), "model_version": "1"} for c in CAPS],
         home=str(home), params={**ROUTE}, base_model=str(tiny_model_dir))
     for again in (restored, rerun):
-        assert again["router"] == first["router"] and again["composite"] == first["composite"]
-        assert again["parent_versions"] == first["parent_versions"]
-        assert again["mlflow_run"] == first["mlflow_run"]  # the run that fitted (metrics, routing.json)
-        assert again["routing"] == first["routing"]
+        assert again.router == first.router and again.composite == first.composite
+        assert again.parent_versions == first.parent_versions
+        assert again.mlflow_run == first.mlflow_run  # the run that fitted (metrics, routing.json)
+        assert again.routing == first.routing
     for name in (registry.ROUTER_MODEL, registry.COMPOSITE_MODEL):
         assert [str(v.version) for v in client.search_model_versions(f"name = '{name}'")] == ["1"]
     reusing = client.search_runs([client.get_experiment_by_name(registry.experiment_name("route"))
-                                  .experiment_id], f"tags.`{TAG_REUSED_RUN}` = '{first['mlflow_run']}'")
+                                  .experiment_id], f"tags.`{TAG_REUSED_RUN}` = '{first.mlflow_run}'")
     assert len(reusing) == 2 and all(r.info.status == "FINISHED" for r in reusing)

@@ -34,11 +34,11 @@ def test_same_inputs_in_two_homes_run_twice(tmp_path: Path, monkeypatch: pytest.
         paths = prepare(home).paths
         results[name] = synthesize_flow(home=str(home), capabilities=["tool_call_format"],
                                         overrides={"train_size": 4, "val_size": 2, "test_size": 2})
-        run = MlflowClient(paths.mlflow_uri).get_run(results[name]["mlflow_run"])
+        run = MlflowClient(paths.mlflow_uri).get_run(results[name].mlflow_run)
         assert run.data.tags["traceops.stage"] == "synthesize"
         assert (paths.environments / "tool_call_format" / "manifest.json").is_file()
-    assert results["a"]["mlflow_run"] != results["b"]["mlflow_run"]
-    assert results["a"]["env_version"] == results["b"]["env_version"]
+    assert results["a"].mlflow_run != results["b"].mlflow_run
+    assert results["a"].env_version == results["b"].env_version
     assert config.load(tmp_path / "b").paths.home == (tmp_path / "b").resolve()
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from traceops.results import AdapterResult, TrainResult
 from traceops.schema import Label, Message, Outcome, Source, ToolCall, ToolSpec, Trajectory
 
 pytestmark = pytest.mark.slow
@@ -32,8 +33,8 @@ import json, sys
 from flows.runtime import prepare
 prepare(sys.argv[1])
 from flows.train import train_flow
-print(json.dumps(train_flow(home=sys.argv[1], capabilities=json.loads(sys.argv[2]) or None,
-                            generic=sys.argv[3] == "1")))
+print(train_flow(home=sys.argv[1], capabilities=json.loads(sys.argv[2]) or None,
+                 generic=sys.argv[3] == "1").model_dump_json())
 """
 
 
@@ -61,15 +62,15 @@ def flow_process(home: Path, capabilities: list[str] | None = None, generic: boo
                             stderr=subprocess.PIPE, text=True)
 
 
-def run_flow(home: Path, capabilities: list[str] | None = None, generic: bool = True) -> dict[str, Any]:
+def run_flow(home: Path, capabilities: list[str] | None = None, generic: bool = True) -> TrainResult:
     proc = flow_process(home, capabilities, generic)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-4000:]
-    return json.loads(out.strip().splitlines()[-1])
+    return TrainResult.model_validate_json(out.strip().splitlines()[-1])
 
 
-def by_cap(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {row["capability"]: row for row in result["adapters"]}
+def by_cap(result: TrainResult) -> dict[str, AdapterResult]:
+    return {row.capability: row for row in result.adapters}
 
 
 # Budget tiny, trimmed further: the stage's wiring is under test here (test_train.py covers GRPO itself).
@@ -111,35 +112,35 @@ def test_train_flow_tracks_registers_caches_retrains_changed_and_resumes(train_h
     assert sorted(rows) == CAPS
     env_version = versioning.data_version(home, "data/environments")
     for cap, row in rows.items():
-        assert row["model_name"] == f"traceops.adapter.{cap}" and row["model_version"] == "1"
-        assert (Path(row["adapter_path"]) / "adapter_model.safetensors").is_file()
-        run = client.get_run(row["mlflow_run"])
+        assert row.model_name == f"traceops.adapter.{cap}" and row.model_version == "1"
+        assert (Path(row.adapter_path) / "adapter_model.safetensors").is_file()
+        run = client.get_run(row.mlflow_run)
         assert run.data.params["budget.sft_steps"] == "2" and run.data.params["budget.name"] == "tiny"
-        losses = client.get_metric_history(row["mlflow_run"], "sft_loss")
+        losses = client.get_metric_history(row.mlflow_run, "sft_loss")
         assert [m.step for m in losses] == [1, 2] and all(m.value > 0 for m in losses)
         for name in ("val_success_before", "val_success_after", "test_success_before", "test_success_after",
                      "dropped_constant_groups", "grpo_skipped_updates", "seconds.sft"):
             assert name in run.data.metrics
-        tags = client.get_model_version(row["model_name"], "1").tags
+        tags = client.get_model_version(row.model_name, "1").tags
         assert tags[registry.TAG_ENV_VERSION] == env_version
         # The run's params and the logged model's config (MLflow logs it as params too) agree.
         assert run.data.params["base_model_ref"] == tags[registry.TAG_BASE_MODEL]
         assert all(key in tags for key in registry.LINEAGE_KEYS)
-        assert tags["traceops.adapter_hash"] == row["adapter_hash"]
-    generic = first["generic"]
-    assert (Path(generic["adapter_path"]) / "adapter_config.json").is_file()
-    assert generic["sft_steps"] == 2 * len(CAPS)  # the adapters' total SFT budget
-    generic_run = client.get_run(generic["mlflow_run"])
+        assert tags["traceops.adapter_hash"] == row.adapter_hash
+    generic = first.generic
+    assert generic is not None and (Path(generic.adapter_path) / "adapter_config.json").is_file()
+    assert generic.sft_steps == 2 * len(CAPS)  # the adapters' total SFT budget
+    generic_run = client.get_run(generic.mlflow_run)
     assert generic_run.data.tags["traceops.role"] == "generic"
-    assert len(client.get_metric_history(generic["mlflow_run"], "sft_loss")) == 2 * len(CAPS)
+    assert len(client.get_metric_history(generic.mlflow_run, "sft_loss")) == 2 * len(CAPS)
 
     # One capability's environments change: only that adapter retrains; the other is a cache hit.
     split = home / "data" / "environments" / "tool_call_format" / "train.jsonl"
     split.write_text("".join(split.read_text().splitlines(keepends=True)[:-1]))
     changed = by_cap(run_flow(home, generic=False))
     assert changed["argument_grounding"] == rows["argument_grounding"]
-    assert changed["tool_call_format"]["mlflow_run"] != rows["tool_call_format"]["mlflow_run"]
-    assert changed["tool_call_format"]["model_version"] == "2"
+    assert changed["tool_call_format"].mlflow_run != rows["tool_call_format"].mlflow_run
+    assert changed["tool_call_format"].model_version == "2"
 
     # Kill a training mid-way (after its first checkpoint), rerun: it resumes and registers once.
     write_params(home, tiny_model_dir, {**LEAN, "sft_steps": 6})
@@ -155,7 +156,7 @@ def test_train_flow_tracks_registers_caches_retrains_changed_and_resumes(train_h
     proc.wait()
     assert not (work / "adapter").exists()  # killed before the adapter was finished
     resumed = by_cap(run_flow(home, ["argument_grounding"], generic=False))["argument_grounding"]
-    assert resumed["resumed_from"]["sft"] >= 4 and resumed["sft_steps"] == 6
+    assert resumed.resumed_from["sft"] >= 4 and resumed.sft_steps == 6
     versions = client.search_model_versions("name = 'traceops.adapter.argument_grounding'")
     assert sorted(int(v.version) for v in versions) == [1, 2]
     experiment = client.get_experiment_by_name("traceops/train").experiment_id

@@ -73,7 +73,7 @@ def ingest(
     except TraceopsError as exc:
         fail(exc, as_json)
         return
-    emit(result, as_json, "ingest")
+    emit(result.model_dump(mode="json"), as_json, "ingest")
 
 
 LABELER_SETS = {"offline": ("rule",), "llm": ("rule", "llm")}
@@ -137,7 +137,7 @@ def diagnose(
     except TraceopsError as exc:
         fail(exc, as_json)
         return
-    emit({"selected": result["selected"], "report": result["report"]}, as_json, "diagnose")
+    emit(result.model_dump(mode="json", include={"selected", "report"}), as_json, "diagnose")
 
 
 @app.command()
@@ -165,11 +165,11 @@ def synthesize(
     except TraceopsError as exc:
         fail(exc, as_json)
         return
-    emit({"environments": result["environments"], "env_version": result["env_version"],
-          "skipped": result["skipped"]}, as_json, "synthesize")
+    shown = {"environments", "env_version", "skipped"}
+    emit(result.model_dump(mode="json", include=shown), as_json, "synthesize")
 
 
-def _stage_flow(home: Path | None, flow_module: str, flow_name: str, **kwargs: Any) -> dict[str, Any]:
+def _stage_flow(home: Path | None, flow_module: str, flow_name: str, **kwargs: Any) -> Any:
     """Prepare the home, take its lock and run one stage flow in process."""
     import importlib
 
@@ -199,8 +199,8 @@ def train(
     except TraceopsError as exc:
         fail(exc, as_json)
         return
-    keys = ("capability", "model_version", "val_success_before", "val_success_after")
-    emit({"adapters": [{k: a.get(k) for k in keys} for a in result["adapters"]]}, as_json, "train")
+    keys = {"capability", "model_version", "val_success_before", "val_success_after"}
+    emit({"adapters": [a.model_dump(mode="json", include=keys) for a in result.adapters]}, as_json, "train")
 
 
 @app.command()
@@ -220,7 +220,8 @@ def route(
     except TraceopsError as exc:
         fail(exc, as_json)
         return
-    emit({k: result.get(k) for k in ("router", "composite", "parent_versions", "routing")}, as_json, "route")
+    shown = {"router", "composite", "parent_versions", "routing"}
+    emit(result.model_dump(mode="json", include=shown), as_json, "route")
 
 
 @app.command()
@@ -234,7 +235,7 @@ def evaluate(
     except TraceopsError as exc:
         fail(exc, as_json)
         return
-    emit({k: result.get(k) for k in ("models", "report_path")}, as_json, "evaluate")
+    emit(result.model_dump(mode="json", include={"models", "report_path"}), as_json, "evaluate")
 
 
 @app.command()
@@ -248,7 +249,8 @@ def promote(
     except TraceopsError as exc:
         fail(exc, as_json)
         return
-    emit({k: result.get(k) for k in ("promoted", "alias", "champion", "reasons")}, as_json, "promote")
+    shown = {"promoted", "alias", "champion", "reasons"}
+    emit(result.model_dump(mode="json", include=shown), as_json, "promote")
 
 
 @app.command()
@@ -313,7 +315,8 @@ def run(
     from rich.markdown import Markdown
 
     Console().print(Markdown(night_summary_markdown(result)))
-    report = (result.get("evaluate") or {}).get("report_path") or (result.get("diagnose") or {}).get("report")
+    report = (result.evaluate.report_path if result.evaluate is not None
+              else result.diagnose.report if result.diagnose is not None else None)
     Console().print(f"Report: {report}\n"
                     f"MLflow UI: mlflow ui --backend-store-uri {settings.paths.mlflow_uri}\n"
                     f"Prefect UI: PREFECT_HOME={settings.paths.prefect_home} prefect server start\n"
