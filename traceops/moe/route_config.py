@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import Field, asdict, dataclass, field, fields
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from types import NoneType
 from typing import Any, get_args, get_type_hints
 
@@ -19,10 +19,9 @@ from traceops.errors import ConfigError
 from traceops.moe.fit import FitConfig
 from traceops.moe.router import MODES
 
-# The fields of FitConfig a route run chooses (the rest are the fitter's internals).
-_FIT_FIELDS = ("steps", "batch_size", "learning_rate", "max_length", "route_weight", "lm_weight",
-               "balance_weight", "z_weight", "heldout_fraction", "seed", "probe_steps", "probe_tokens",
-               "probe_max_length", "decision_weight")
+# The fit settings a route run chooses: FitConfig's fields without a default (the others are the fitter's
+# internals), each a RouteConfig field of the same name.
+_FIT_FIELDS = tuple(spec.name for spec in fields(FitConfig) if spec.default is MISSING)
 
 
 @dataclass(frozen=True)
