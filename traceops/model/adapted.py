@@ -23,12 +23,11 @@ from typing import Any
 from traceops.errors import ModelError
 from traceops.hashing import content_hash
 from traceops.model.base import Completion, GenerationConfig, ModelInfo
+from traceops.model.chat_template import DEFAULT_SYSTEM_PROMPT, trained_tokenizer
 from traceops.model.embedded import read_manifest, safetensors_hash
 from traceops.model.hub_kernels import kernel_kwargs
 from traceops.model.local import LocalChatModel
 from traceops.model.toolcalls import assistant_text, messages_to_chat, render_prompt
-
-TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
 def training_conversation(messages: list[Any]) -> list[dict[str, str]]:
@@ -39,8 +38,6 @@ def training_conversation(messages: list[Any]) -> list[dict[str, str]]:
     a conversation without a system message gets ``DEFAULT_SYSTEM_PROMPT``, as
     ``train.data.system_prompt`` gives environments without one.
     """
-    from traceops.model.chat_template import DEFAULT_SYSTEM_PROMPT
-
     out: list[dict[str, str]] = []
     for message in messages_to_chat(messages):
         role = message["role"]
@@ -150,34 +147,12 @@ class TrainedChatModel(LocalChatModel):
         return results
 
 
-def _has_tokenizer(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in TOKENIZER_FILES)
-
-
-def _tokenizer(base_model_dir: Path, trained_dir: Path | None) -> Any:
-    """The tokenizer training saved next to the weights (its chat template is the one trained on); the
-    base tokenizer with the training template when the folder has none."""
-    from transformers import AutoTokenizer
-
-    from traceops.model.chat_template import chat_template, load_tokenizer
-
-    if trained_dir is not None and _has_tokenizer(trained_dir):
-        tokenizer = AutoTokenizer.from_pretrained(str(trained_dir))
-        if not tokenizer.chat_template:
-            tokenizer.chat_template = chat_template()
-    else:
-        tokenizer = load_tokenizer(str(base_model_dir))
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
 def _load_base(base_model_dir: Path) -> Any:
     from transformers import AutoModelForCausalLM
 
     if not (base_model_dir / "config.json").is_file():
         raise ModelError(f"base model {base_model_dir}: no config.json; pass the folder the adapters were "
-                         "trained on (registry.resolve_base_model('embedded') gives the embedded one)")
+                         "trained on (resolve_base_model('embedded') gives the embedded one)")
     try:
         return AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype="float32",
                                                     use_safetensors=True, **kernel_kwargs())
@@ -205,7 +180,7 @@ def load_base_model(base_model_dir: str | Path, batch_size: int = 8) -> TrainedC
                      extra={"backend": "local", "kind": "base", "base_model_dir": str(base_dir),
                             "chat_template": "trl/qwen2_5"})
     # Plain weights: the shared system + tools prefix is computed once and reused (exact, see LocalChatModel).
-    return TrainedChatModel.from_objects(model, _tokenizer(base_dir, None), info, batch_size,
+    return TrainedChatModel.from_objects(model, trained_tokenizer(base_dir, None), info, batch_size,
                                          prefix_cache=True)
 
 
@@ -238,7 +213,7 @@ def load_adapter_model(base_model_dir: str | Path, adapter_dir: str | Path, batc
         extra={"backend": "local", "kind": "adapter", "base_model_dir": str(base_dir),
                "adapter_dir": str(folder), "adapter_sha256": adapter_hash, "merged": merge},
     )
-    return TrainedChatModel.from_objects(model, _tokenizer(base_dir, folder), info, batch_size,
+    return TrainedChatModel.from_objects(model, trained_tokenizer(base_dir, folder), info, batch_size,
                                          prefix_cache=merge)  # merged: plain weights again
 
 
@@ -266,7 +241,7 @@ def load_composite_model(base_model_dir: str | Path, composite_dir: str | Path,
     # reads each token's own block input, so a token's keys and values still depend on earlier tokens only
     # and the shared-prefix cache is exact. A request-mode decision pools the whole prompt: the chat model
     # decides first and generates each route's rows under that fixed gate, where the cache is exact again.
-    chat = TrainedChatModel.from_objects(moe.model, _tokenizer(base_dir, folder), info, batch_size,
+    chat = TrainedChatModel.from_objects(moe.model, trained_tokenizer(base_dir, folder), info, batch_size,
                                          prefix_cache=True)
     chat.composite = moe
     return chat

@@ -8,8 +8,11 @@ check (FACTS.md). Tool calls appear in assistant text as ``<tool_call>{json}</to
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+# Files that mark a folder as holding its own tokenizer (saved by training next to an adapter).
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Use the tools when they help answer the user."
 
 
@@ -33,6 +36,22 @@ def load_tokenizer(base_model_dir: str) -> Any:
 
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
     tokenizer.chat_template = chat_template()
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def trained_tokenizer(base_model_dir: str | Path, trained_dir: str | Path | None) -> Any:
+    """The tokenizer training saved next to an adapter's weights (its chat template is the one trained
+    on); the base tokenizer with our template when ``trained_dir`` is None or holds none. Pad token set."""
+    from transformers import AutoTokenizer
+
+    if trained_dir is not None and any((Path(trained_dir) / name).is_file() for name in TOKENIZER_FILES):
+        tokenizer = AutoTokenizer.from_pretrained(str(trained_dir))
+        if not tokenizer.chat_template:
+            tokenizer.chat_template = chat_template()
+    else:
+        tokenizer = load_tokenizer(str(base_model_dir))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -2,11 +2,10 @@
 
 ``build_moe`` wraps a base model with PEFT adapter folders, ``fit_router`` trains the routers,
 ``save_moe``/``load_moe`` persist the composite, ``MoEModel.trace`` records routing for MLflow;
-``compose`` does all of it for the route stage under one ``RouteConfig``.
+``traceops.compose`` does all of it for the route stage under one ``RouteConfig``.
 """
 
 from traceops.moe.build import build_moe, read_adapter
-from traceops.moe.compose import COMPOSITE_INFO, Composed, compose, composite_fitted, fit_metrics
 from traceops.moe.config import NULL_EXPERT, MoEConfig
 from traceops.moe.fit import FitConfig, FitResult, evaluate_routing, fit_router
 from traceops.moe.io import load_moe, read_config, save_moe
@@ -17,10 +16,8 @@ from traceops.moe.router import BlockRouter, RoutingState, topk_gate
 from traceops.moe.trace import RoutingTrace
 
 __all__ = [
-    "COMPOSITE_INFO",
     "NULL_EXPERT",
     "BlockRouter",
-    "Composed",
     "FitConfig",
     "FitResult",
     "MoEConfig",
@@ -30,10 +27,7 @@ __all__ = [
     "RoutingState",
     "RoutingTrace",
     "build_moe",
-    "compose",
-    "composite_fitted",
     "evaluate_routing",
-    "fit_metrics",
     "fit_router",
     "load_moe",
     "read_adapter",

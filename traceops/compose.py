@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from traceops.atomic import atomic_folder
+from traceops.model.chat_template import trained_tokenizer
 from traceops.moe.build import build_moe
 from traceops.moe.fit import FitResult, evaluate_routing, fit_router
 from traceops.moe.io import CONFIG_NAME, WEIGHTS_NAME, save_moe
@@ -52,7 +53,7 @@ def compose(folders: Mapping[str, Path], base_dir: Path, environments: Path, con
     from transformers import AutoModelForCausalLM
 
     capabilities = list(folders)
-    tokenizer = _tokenizer(next(iter(folders.values())), base_dir)
+    tokenizer = trained_tokenizer(base_dir, next(iter(folders.values())))
     train = {c: _demonstrations(environments / c, c, "train", config.train_examples, config.seed)
              for c in capabilities}
     val = {c: _demonstrations(environments / c, c, "val", config.val_examples, config.seed)
@@ -141,18 +142,3 @@ def _demonstrations(envs_dir: Path, capability: str, split: str, limit: int | No
     return [{"messages": demonstration(env, spec), "tools": tools} for spec in tasks]
 
 
-def _tokenizer(folder: Path, base_dir: Path) -> Any:
-    """The tokenizer the adapters were trained with (saved in their folder with its chat template); the
-    base tokenizer with the training template when the folder has none."""
-    from transformers import AutoTokenizer
-
-    from traceops.model.chat_template import chat_template, load_tokenizer
-
-    if (folder / "tokenizer_config.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        if not tokenizer.chat_template:
-            tokenizer.chat_template = chat_template()
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        return tokenizer
-    return load_tokenizer(str(base_dir))
