@@ -42,6 +42,8 @@ def work_seconds(home: Path, parent_run: str) -> dict[str, float]:
     """``work_seconds`` of every stage run nested under the night's parent run, by stage."""
     from mlflow.tracking import MlflowClient
 
+    from traceops.tags import TAG_STAGE
+
     uri = f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"
     client = MlflowClient(uri, uri)
     ids = [e.experiment_id for e in client.search_experiments()]
@@ -52,7 +54,7 @@ def work_seconds(home: Path, parent_run: str) -> dict[str, float]:
         for run in client.search_runs(ids, f"tags.mlflow.parentRunId = '{parent}'"):
             pending.append(run.info.run_id)
             if "work_seconds" in run.data.metrics:
-                stage = run.data.tags.get("traceops.stage", run.info.run_name)
+                stage = run.data.tags.get(TAG_STAGE, run.info.run_name)
                 totals[stage] = totals.get(stage, 0.0) + run.data.metrics["work_seconds"]
     return totals
 

@@ -26,6 +26,7 @@ from traceops.envs.folder import environment_capabilities
 from traceops.evaluation.replay import ATTRIBUTIONS
 from traceops.evaluation.stage import BASE, CHAMPION, COMPOSITE, GENERIC, EvalParams, RoleSpec, adapter_role
 from traceops.hashing import file_hash, folder_hash
+from traceops.model.reference import resolve_base_model
 from traceops.results import AdapterResult, EvalResult, GenericResult, RouteResult
 from traceops.train.checkpoint import is_adapter
 
@@ -36,12 +37,6 @@ def _adapter_folder(folder: Path) -> Path | None:
         if is_adapter(candidate):
             return candidate
     return None
-
-
-def _download(settings: config.Settings, ref: Any) -> str:
-    """The artifact folder of a registered version, downloaded once under models/registry/."""
-    dst = settings.paths.models / "registry" / ref.name / str(ref.version)
-    return str(registry.download(ref, dst))
 
 
 def _ref(data: Any) -> dict[str, str] | None:
@@ -65,8 +60,9 @@ def adapter_roles(settings: config.Settings,
         for capability in capabilities:
             ref = registry.latest_version(registry.adapter_model_name(capability))
             if ref is not None:
-                specs.append(RoleSpec(adapter_role(capability), "adapter", _download(settings, ref),
-                                      _ref(ref), capability))
+                downloaded = registry.download_version(settings.paths, ref)
+                specs.append(RoleSpec(adapter_role(capability), "adapter", str(downloaded), _ref(ref),
+                                      capability))
                 continue
             folder = _adapter_folder(settings.paths.models / "adapters" / capability)
             if folder is not None:
@@ -96,7 +92,8 @@ def composite_role(settings: config.Settings, composite: RouteResult | str | Pat
         ref = registry.latest_version(registry.COMPOSITE_MODEL)
         if ref is None:
             return None
-        return RoleSpec(COMPOSITE, "composite", _download(settings, ref), _ref(ref))
+        folder = registry.download_version(settings.paths, ref)
+        return RoleSpec(COMPOSITE, "composite", str(folder), _ref(ref))
     if isinstance(composite, (str, Path)):
         return RoleSpec(COMPOSITE, "composite", str(composite))
     return RoleSpec(COMPOSITE, "composite", composite.composite_path, composite.composite.model_dump())
@@ -106,10 +103,10 @@ def champion_role(settings: config.Settings, composite: RoleSpec | None) -> Role
     """The registered champion composite; None on the first night, and None when the champion is
     tonight's composite itself (an unchanged night: same weights, nothing to compare, and the cache
     key stays that of the night that produced it)."""
-    ref = registry.get_alias(registry.COMPOSITE_MODEL, "champion")
+    ref = registry.get_alias(registry.COMPOSITE_MODEL, CHAMPION)
     if ref is None or (composite is not None and composite.ref == _ref(ref)):
         return None
-    return RoleSpec(CHAMPION, "composite", _download(settings, ref), _ref(ref))
+    return RoleSpec(CHAMPION, "composite", str(registry.download_version(settings.paths, ref)), _ref(ref))
 
 
 def _weights_id(spec: RoleSpec) -> Any:
@@ -134,7 +131,7 @@ def evaluate_flow(home: str | None = None, base_model: str = "embedded",
     tonight = composite_role(settings, composite)
     optional = (generic_role(settings, generic), tonight, champion_role(settings, tonight))
     specs += [spec for spec in optional if spec is not None]
-    _base_dir, base_ref = registry.resolve_base_model(base_model)
+    _base_dir, base_ref = resolve_base_model(base_model)
     paths = settings.paths
     has_envs = paths.environments.is_dir()
     env_version = versioning.data_version(paths.home, "data/environments") if has_envs else None

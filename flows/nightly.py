@@ -24,7 +24,9 @@ from flows.train import train_flow
 from tasks.ingest import ingest_task
 from traceops import config, registry, versioning
 from traceops.errors import StageError
+from traceops.lineage import current_lineage
 from traceops.results import NightResult, VersionRef
+from traceops.tags import TAG_DATA_VERSION, TAG_ENV_VERSION, TAG_PROMOTED
 
 
 def _timed(seconds: dict[str, float], stage: str, call: Any, **kwargs: Any) -> Any:
@@ -155,8 +157,8 @@ def nightly_flow(logs: list[str], home: str | None = None, outcomes: str | None 
             if not synth.environments:
                 stages["nothing_to_do"] = "the diagnosis selected no capability that a family covers"
         if stages["nothing_to_do"] is None:
-            lineage = registry.current_lineage(settings.paths, base_model,
-                                               diagnosis_run=stages["diagnose"].mlflow_run)
+            lineage = current_lineage(settings.paths, base_model,
+                                      diagnosis_run=stages["diagnose"].mlflow_run)
             trained = _timed(seconds, "train", train_flow, home=home, base_model=base_model, lineage=lineage,
                              parent_run_id=parent_id)
             routed = _timed(seconds, "route", route_flow, home=home, adapters=trained.adapters,
@@ -170,11 +172,11 @@ def nightly_flow(logs: list[str], home: str | None = None, outcomes: str | None 
         seconds["total"] = round(time.perf_counter() - started, 2)
         result = NightResult(mlflow_run=parent_id, seconds=seconds, ingest=ingest, **stages)
         mlflow.log_metrics({f"seconds.{stage}": secs for stage, secs in seconds.items()})
-        mlflow.set_tag(registry.TAG_DATA_VERSION, ingest.data_version)
+        mlflow.set_tag(TAG_DATA_VERSION, ingest.data_version)
         if result.synthesize is not None:
-            mlflow.set_tag(registry.TAG_ENV_VERSION, result.synthesize.env_version)
+            mlflow.set_tag(TAG_ENV_VERSION, result.synthesize.env_version)
         if result.promote is not None:
-            mlflow.set_tag("traceops.promoted", str(result.promote.promoted).lower())
+            mlflow.set_tag(TAG_PROMOTED, str(result.promote.promoted).lower())
         summary = night_summary_markdown(result)
         mlflow.log_text(summary, "night.md")
     create_markdown_artifact(markdown=summary, key="traceops-night", description="traceops nightly summary")

@@ -12,6 +12,7 @@ from traceops import config, registry
 from traceops.envs.folder import environment_capabilities
 from traceops.errors import StageError
 from traceops.hashing import folder_hash
+from traceops.model.reference import resolve_base_model
 from traceops.moe.route_config import RouteConfig
 from traceops.results import AdapterResult, RouteResult
 
@@ -62,7 +63,7 @@ def route_flow(home: str | None = None, adapters: list[AdapterResult] | None = N
     registry.configure(paths)
     rows = _adapter_rows(adapters) if adapters else latest_adapters(paths)
     params = RouteConfig.from_params(settings.stage("route"), overrides, top_k=top_k, mode=mode).to_dict()
-    _folder, base_ref = registry.resolve_base_model(base_model)
+    _folder, base_ref = resolve_base_model(base_model)
     # The routers are fitted on the environments' demonstrations: a changed environment refits them.
     missing = [r["capability"] for r in rows if not (paths.environments / r["capability"]).is_dir()]
     if missing:

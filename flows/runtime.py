@@ -46,23 +46,6 @@ def prepare(home: str | Path | None = None) -> config.Settings:
     return settings
 
 
-def end_stale_runs(settings: config.Settings) -> list[str]:
-    """Mark MLflow runs left RUNNING by a killed process as KILLED; returns their ids.
-
-    Only called under the home's lock: no other traceops process is live, so a RUNNING run is stale.
-    """
-    if not (settings.paths.mlflow / "mlflow.db").exists():
-        return []
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(settings.paths.mlflow_uri, settings.paths.mlflow_uri)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    stale = client.search_runs(experiments, "attributes.status = 'RUNNING'") if experiments else []
-    for run in stale:
-        client.set_terminated(run.info.run_id, status="KILLED")
-    return [run.info.run_id for run in stale]
-
-
 @contextmanager
 def home_lock(settings: config.Settings, wait_s: float = 0.0) -> Iterator[None]:
     """Hold the home's lock for a run; a second run waits ``wait_s`` seconds, then refuses clearly."""
@@ -75,7 +58,8 @@ def home_lock(settings: config.Settings, wait_s: float = 0.0) -> Iterator[None]:
             "(or pass --wait SECONDS), then run again"
         ) from exc
     try:
-        end_stale_runs(settings)
+        # Under the lock no other traceops process is live, so a RUNNING run was left by a killed one.
+        registry.kill_running_runs(settings.paths)
         yield
     finally:
         lock.release()

@@ -19,6 +19,8 @@ from traceops import config, registry
 from traceops.envs.folder import environment_capabilities
 from traceops.errors import ConfigError
 from traceops.hashing import folder_hash
+from traceops.lineage import current_lineage
+from traceops.model.reference import resolve_base_model
 from traceops.results import AdapterResult, TrainResult
 from traceops.train.budgets import resolve_budget
 
@@ -69,9 +71,9 @@ def train_flow(home: str | None = None, capabilities: list[str] | None = None, b
         raise ConfigError(f"train: no environments for {', '.join(missing) or 'any capability'} under "
                           f"{settings.paths.environments} (found: {', '.join(found) or 'none'}); run "
                           "`traceops synthesize` first")
-    _folder, base_ref = registry.resolve_base_model(base_model)
+    _folder, base_ref = resolve_base_model(base_model)
     registry.configure(settings.paths)
-    lineage = dict(lineage or registry.current_lineage(settings.paths, base_model))
+    lineage = dict(lineage or current_lineage(settings.paths, base_model))
     calls = [{"key": adapter_key(settings, c, effective, base_ref, seed), "capability": c, "home": home,
               "budget": budget, "base_model": base_model, "lineage": lineage,
               "parent_run_id": parent_run_id, "seed": seed, "budget_overrides": overrides} for c in chosen]

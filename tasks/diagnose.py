@@ -9,7 +9,7 @@ from prefect import task
 from tasks.cache import CACHED
 from tasks.retry import retry_unless_user_error
 from tasks.tracking import stage_run, work_timer
-from traceops import config, registry
+from traceops import config
 from traceops.diagnose.outputs import write_outputs
 from traceops.diagnose.run import DiagnoseParams, diagnose
 from traceops.domains import replay_fn
@@ -18,6 +18,7 @@ from traceops.errors import StageError
 from traceops.model import load_model
 from traceops.results import DiagnoseResult
 from traceops.store import CuratedStore, load_trajectories
+from traceops.tags import TAG_DATA_VERSION
 
 
 def diagnosis_outputs_exist(result: DiagnoseResult) -> bool:
@@ -56,7 +57,7 @@ def diagnose_task(key: str, home: str | None = None, labelers: tuple[str, ...] =
             trajectories = result.counts["trajectories"]
             files = write_outputs(result, settings.paths.diagnosis)
         summary = result.summary(files["report"])
-        mlflow.set_tag(registry.TAG_DATA_VERSION, data_version or "")
+        mlflow.set_tag(TAG_DATA_VERSION, data_version or "")
         mlflow.log_metrics({"trajectories": trajectories, "selected": len(summary["selected"])})
         for row in summary["selected"]:
             mlflow.log_metrics({f"coverage.{row['capability']}": row["coverage"] or 0.0,

@@ -11,13 +11,14 @@ from prefect import task
 from tasks.cache import CACHED
 from tasks.retry import retry_unless_user_error
 from tasks.tracking import stage_run
-from traceops import config, registry
+from traceops import config
 from traceops.errors import StageError
 from traceops.evaluation.envs import list_capabilities
 from traceops.evaluation.html import render_eval_html
 from traceops.evaluation.replay import logged_failures
 from traceops.evaluation.report import EvalReport, write_reports
 from traceops.evaluation.stage import EvalParams, RoleSpec, evaluate_roles
+from traceops.model.reference import resolve_base_model
 from traceops.results import EvalResult, ReplaySummary, RoleSummary
 
 EVAL_JSON, REPORT_HTML = "eval.json", "report.html"
@@ -74,7 +75,7 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
     specs = [RoleSpec.from_dict(r) for r in roles]
     if not specs:
         raise StageError("evaluate: no model to evaluate; train adapters and route them first")
-    base_dir, base_ref = registry.resolve_base_model(base_model)
+    base_dir, base_ref = resolve_base_model(base_model)
     capabilities = list_capabilities(paths.environments)
     if not capabilities:
         raise StageError(f"evaluate: no environments under {paths.environments}; run `traceops synthesize`")

@@ -6,11 +6,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.retry import retry_unless_user_error
-from tasks.tracking import stage_run
-from traceops import config, registry, versioning
+from tasks.tracking import log_json, stage_run
+from traceops import config, versioning
 from traceops.ingest import ingest_paths
-from traceops.lineage import manifest_hash, raw_files_manifest
+from traceops.lineage import RAW_FILES_ARTIFACT, manifest_hash, raw_files_manifest
 from traceops.results import IngestResult
+from traceops.tags import TAG_DATA_VERSION, TAG_RAW_FILES
 
 CURATED = "data/curated"
 
@@ -36,11 +37,11 @@ def ingest_task(paths: list[str], fmt: str = "auto", outcomes: str | None = None
         mlflow.log_metrics({"read": result.read, "accepted": result.accepted,
                             "duplicates": result.duplicates, "quarantined": result.quarantined})
         mlflow.log_param("data_version", data_version)
-        mlflow.set_tag(registry.TAG_DATA_VERSION, data_version)
-        registry.log_json(result.validation, "validation/ingest_validation.json")
-        registry.log_json(raw_files, registry.RAW_FILES_ARTIFACT)
-        mlflow.set_tag(registry.TAG_RAW_FILES, manifest_hash(raw_files))
-        registry.log_json(result.reasons, "quarantine/reasons.json")
+        mlflow.set_tag(TAG_DATA_VERSION, data_version)
+        log_json(result.validation, "validation/ingest_validation.json")
+        log_json(raw_files, RAW_FILES_ARTIFACT)
+        mlflow.set_tag(TAG_RAW_FILES, manifest_hash(raw_files))
+        log_json(result.reasons, "quarantine/reasons.json")
         if result.quarantine_file is not None and result.quarantine_file.exists():
             mlflow.log_artifact(str(result.quarantine_file), "quarantine")
     return IngestResult(read=result.read, accepted=result.accepted, duplicates=result.duplicates,

@@ -9,15 +9,15 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.retry import retry_unless_user_error
-from tasks.tracking import stage_run
+from tasks.tracking import log_json, stage_run
 from traceops import config, registry
 from traceops.errors import StageError
 from traceops.evaluation.html import render_eval_html
 from traceops.evaluation.report import read_reports
 from traceops.evaluation.stage import BASE, CHAMPION, COMPOSITE
-from traceops.promote import CHAMPION as CHAMPION_ALIAS
 from traceops.promote import Gates, decide
 from traceops.results import PromoteResult, VersionRef
+from traceops.tags import TAG_CANDIDATE, TAG_DECISION
 
 
 def _version_of(meta: dict[str, Any], role: str) -> str | None:
@@ -53,7 +53,7 @@ def promote_task(eval_json: str, version: str | None = None, home: str | None = 
         raise StageError("promote: the evaluated composite is not a registered version; run `traceops route` "
                          "(it registers traceops.composite) and evaluate again")
     name = registry.COMPOSITE_MODEL
-    current = registry.get_alias(name, CHAMPION_ALIAS)
+    current = registry.get_alias(name, CHAMPION)
     gates = Gates.from_params(settings.stage("promote"))
     candidate = VersionRef(name=name, version=version)
     with stage_run(settings, "promote", parent_run_id,
@@ -62,7 +62,7 @@ def promote_task(eval_json: str, version: str | None = None, home: str | None = 
         if current is not None and str(current.version) == version:
             # Tonight's composite is already the champion (an unchanged night): nothing moves.
             result = PromoteResult(
-                promoted=False, changed=False, alias=CHAMPION_ALIAS, champion=_version_ref(current),
+                promoted=False, changed=False, alias=CHAMPION, champion=_version_ref(current),
                 reasons=[f"{name} version {version} already holds the champion alias; nothing changed."],
                 checks={}, aliases={}, candidate=candidate, mlflow_run=run.info.run_id,
             )
@@ -79,7 +79,7 @@ def promote_task(eval_json: str, version: str | None = None, home: str | None = 
                 champion = reports[CHAMPION]
             decision = decide(reports[COMPOSITE], champion, reports[BASE], gates)
             aliases = registry.promote_aliases(name, version, decision.promote)
-            after = registry.get_alias(name, CHAMPION_ALIAS)
+            after = registry.get_alias(name, CHAMPION)
             result = PromoteResult(
                 promoted=decision.promote, changed=True, alias=decision.alias, champion=_version_ref(after),
                 reasons=decision.reasons, checks=decision.checks, aliases=aliases, candidate=candidate,
@@ -93,9 +93,9 @@ def promote_task(eval_json: str, version: str | None = None, home: str | None = 
                 if isinstance(row.get("value"), (int, float)):
                     mlflow.log_metric(f"check.{check}.value", float(row["value"]))
         mlflow.log_metric("promoted", float(result.promoted))
-        mlflow.set_tag("traceops.decision", result.alias)
-        mlflow.set_tag("traceops.candidate", f"{name}/{version}")
+        mlflow.set_tag(TAG_DECISION, result.alias)
+        mlflow.set_tag(TAG_CANDIDATE, f"{name}/{version}")
         # The decision record as before typed results: the candidate first, no run id.
         decision_record = result.model_dump(exclude={"candidate", "mlflow_run"})
-        registry.log_json({"candidate": candidate.model_dump(), **decision_record}, "promote/decision.json")
+        log_json({"candidate": candidate.model_dump(), **decision_record}, "promote/decision.json")
     return result

@@ -19,16 +19,17 @@ from prefect import task
 
 from tasks.cache import CACHED
 from tasks.retry import retry_unless_user_error
-from tasks.tracking import stage_run, work_timer
+from tasks.tracking import log_json, stage_run, work_timer
 from traceops import config, registry
 from traceops.atomic import atomic_folder
 from traceops.errors import ConfigError, StageError
+from traceops.lineage import current_lineage
+from traceops.model.reference import resolve_base_model
 from traceops.moe.compose import compose, composite_fitted, expert_records, fit_metrics
 from traceops.moe.route_config import RouteConfig
 from traceops.results import RouteResult, VersionRef
+from traceops.tags import TAG_BASE_MODEL, TAG_PARENT_VERSIONS, TAG_REUSED_RUN, TAG_ROUTE_KEY
 
-TAG_ROUTE_KEY = "traceops.route_key"
-TAG_REUSED_RUN = "traceops.reused_run"
 ROUTING_ARTIFACT = "routing.json"
 def composite_exists(result: RouteResult) -> bool:
     """Whether the composite folder a route result names is on disk and is the one that result fitted
@@ -46,8 +47,7 @@ def _adapter_folder(paths: config.Paths, adapter: dict[str, Any]) -> Path:
         return Path(local)
     ref = registry.ModelRef(name=adapter["model_name"], version=str(adapter["model_version"]),
                             run_id=str(adapter.get("run_id", "")))
-    target = paths.models / "downloads" / ref.name / ref.version
-    folder = registry.download(ref, target)
+    folder = registry.download_version(paths, ref)
     if not is_adapter(folder):
         raise StageError(f"route: {ref.uri} downloaded to {folder} is not a PEFT adapter folder; "
                          "retrain the capability with `traceops train`")
@@ -83,7 +83,7 @@ def restore_registered(paths: config.Paths, router: registry.ModelRef, key: str,
     import mlflow
 
     if not composite_fitted(target, key):
-        downloaded = registry.download(router, paths.models / "downloads" / router.name / router.version)
+        downloaded = registry.download_version(paths, router)
         with atomic_folder(target) as tmp:
             shutil.copytree(downloaded, tmp, dirs_exist_ok=True)
     record = mlflow.artifacts.download_artifacts(run_id=router.run_id, artifact_path=ROUTING_ARTIFACT,
@@ -104,6 +104,8 @@ def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None
     """
     import mlflow
 
+    from traceops.mlflow_models.registration import register_composite, register_router
+
     settings = config.load(home)
     paths = settings.paths
     route_config = RouteConfig.from_params(params)
@@ -112,15 +114,15 @@ def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None
     capabilities = [a["capability"] for a in adapters]
     if len(set(capabilities)) != len(capabilities):
         raise ConfigError(f"route: more than one adapter per capability in {capabilities}")
-    base_dir, base_ref = registry.resolve_base_model(base_model)
-    lineage = dict(lineage or registry.current_lineage(paths, base_model))
+    base_dir, base_ref = resolve_base_model(base_model)
+    lineage = dict(lineage or current_lineage(paths, base_model))
     parent_versions = {a["model_name"]: str(a["model_version"]) for a in adapters}
     run_params = {**route_config.to_dict(), "adapters": json.dumps(parent_versions, sort_keys=True),
                   "base_model_ref": base_ref}
     target = paths.models / "composite"
     with stage_run(settings, "route", parent_run_id, params=run_params) as run:
-        mlflow.set_tag(registry.TAG_BASE_MODEL, base_ref)
-        mlflow.set_tag(registry.TAG_PARENT_VERSIONS, json.dumps(parent_versions, sort_keys=True))
+        mlflow.set_tag(TAG_BASE_MODEL, base_ref)
+        mlflow.set_tag(TAG_PARENT_VERSIONS, json.dumps(parent_versions, sort_keys=True))
         router, composite = registered_for_key(key)
         if router is not None:
             # An earlier attempt at the same key registered before it was killed: its versions stand.
@@ -138,17 +140,15 @@ def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None
             fit, routing = composed.fit.to_dict(), composed.routing
             metrics = _log_fit(fit, routing)
             mlflow.log_metric("trace_seconds", composed.trace_seconds)
-            registry.log_json({"fit": fit, "val_routing": routing,
-                               "experts": experts}, ROUTING_ARTIFACT)
+            log_json({"fit": fit, "val_routing": routing,
+                      "experts": experts}, ROUTING_ARTIFACT)
             fit_run = run.info.run_id
-            router = registry.register_router(target, lineage, parent_versions,
-                                              base_model=_base_arg(base_model),
-                                              extra_tags={TAG_ROUTE_KEY: key})
+            router = register_router(target, lineage, parent_versions, base_model=_base_arg(base_model),
+                                     extra_tags={TAG_ROUTE_KEY: key})
         if composite is None:
             parents = {**parent_versions, registry.ROUTER_MODEL: router.version}
-            composite = registry.register_composite(target, lineage, parents,
-                                                    base_model=_base_arg(base_model),
-                                                    extra_tags={TAG_ROUTE_KEY: key})
+            composite = register_composite(target, lineage, parents, base_model=_base_arg(base_model),
+                                           extra_tags={TAG_ROUTE_KEY: key})
     summary = {k: v for k, v in metrics.items() if not k.startswith("val_share.")}
     return RouteResult(
         key=key,

@@ -11,8 +11,8 @@ from prefect import task
 
 from tasks.cache import CACHED
 from tasks.retry import retry_unless_user_error
-from tasks.tracking import stage_run, work_timer
-from traceops import config, registry, versioning
+from tasks.tracking import log_json, stage_run, work_timer
+from traceops import config, versioning
 from traceops.agent import agent_episodes
 from traceops.envs.synthesize import synthesize
 from traceops.errors import StageError
@@ -20,6 +20,7 @@ from traceops.model import load_model
 from traceops.model.openai_compat import public_url
 from traceops.results import EnvironmentSummary, SkippedCapability, SynthesizeResult
 from traceops.store import load_trajectories
+from traceops.tags import TAG_DIAGNOSIS_RUN, TAG_ENV_VERSION
 
 ENVIRONMENTS = "data/environments"
 
@@ -82,15 +83,15 @@ def synthesize_task(key: str, capabilities: list[str], home: str | None = None,
             result = synthesize(capabilities, trajectories, fresh, params, seed=seed, episodes=episodes)
         _swap_in(fresh, paths.environments)
         env_version = versioning.commit_data(paths.home, ENVIRONMENTS)
-        mlflow.set_tag(registry.TAG_ENV_VERSION, env_version)
-        mlflow.set_tag(registry.TAG_DIAGNOSIS_RUN, diagnosis_run or "")
+        mlflow.set_tag(TAG_ENV_VERSION, env_version)
+        mlflow.set_tag(TAG_DIAGNOSIS_RUN, diagnosis_run or "")
         for capability, manifest in result.manifests.items():
             tests = manifest["self_tests"]
             mlflow.log_metric(f"self_tests_passed.{capability}", float(bool(tests["passed"])))
             for split in ("train", "val", "test"):
                 mlflow.log_metric(f"tasks.{capability}.{split}", manifest["counts"][split])
-            registry.log_json(manifest, f"manifests/{capability}.json")
-        registry.log_json(result.skipped, "skipped.json")
+            log_json(manifest, f"manifests/{capability}.json")
+        log_json(result.skipped, "skipped.json")
     environments = [
         EnvironmentSummary(capability=c, **{s: m["counts"].get(s, 0) for s in ("train", "val", "test")},
                            self_tests_passed=bool(m["self_tests"]["passed"]))

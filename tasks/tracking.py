@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from traceops import config, registry
+from traceops.lineage import git_sha
+from traceops.tags import TAG_GIT_SHA, TAG_STAGE
 
 
 @contextmanager
@@ -21,8 +24,8 @@ def stage_run(settings: config.Settings, stage: str, parent_run_id: str | None =
     started = time.perf_counter()
     with mlflow.start_run(experiment_id=experiment_id, run_name=stage, parent_run_id=parent_run_id,
                           nested=parent_run_id is not None) as run:
-        mlflow.set_tag("traceops.stage", stage)
-        mlflow.set_tag(registry.TAG_GIT_SHA, registry.git_sha(settings.paths.home))
+        mlflow.set_tag(TAG_STAGE, stage)
+        mlflow.set_tag(TAG_GIT_SHA, git_sha(settings.paths.home))
         if params:
             mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
         try:
@@ -42,3 +45,10 @@ def work_timer(name: str = "work_seconds") -> Iterator[None]:
         yield
     finally:
         mlflow.log_metric(name, time.perf_counter() - started)
+
+
+def log_json(data: Any, artifact_file: str) -> None:
+    """Log a JSON document as an artifact of the active run."""
+    import mlflow
+
+    mlflow.log_text(json.dumps(data, indent=2, sort_keys=True, default=str), artifact_file)

@@ -21,19 +21,17 @@ from prefect import task
 
 from tasks.cache import CACHED
 from tasks.retry import retry_unless_user_error
-from tasks.tracking import stage_run, work_timer
+from tasks.tracking import log_json, stage_run, work_timer
 from traceops import config, registry
 from traceops.atomic import atomic_folder
 from traceops.errors import ConfigError
 from traceops.hashing import folder_hash
+from traceops.lineage import current_lineage
+from traceops.model.reference import resolve_base_model
 from traceops.results import AdapterResult, GenericResult
+from traceops.tags import TAG_ADAPTER_HASH, TAG_CAPABILITY, TAG_REGISTERED_VERSION, TAG_ROLE, TAG_TRAIN_KEY
 from traceops.train import checkpoint as ckpt
 from traceops.train.budgets import Budget, resolve_budget
-
-TAG_CAPABILITY = registry.TAG_CAPABILITY
-TAG_ADAPTER_HASH = "traceops.adapter_hash"
-TAG_TRAIN_KEY = "traceops.train_key"
-TAG_ROLE = "traceops.role"
 
 
 def adapter_dir(paths: config.Paths, capability: str) -> Path:
@@ -63,38 +61,19 @@ def _publish(src: Path, dst: Path) -> Path:
     return dst
 
 
-def close_abandoned_runs(paths: config.Paths, key: str, keep: str) -> list[str]:
-    """Mark as KILLED the still-RUNNING train runs of an earlier attempt at the same ``key`` (a killed
-    process cannot end its own run); returns their ids."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(paths.mlflow_uri, paths.mlflow_uri)
-    experiment = client.get_experiment_by_name(registry.experiment_name("train"))
-    if experiment is None:
-        return []
-    runs = client.search_runs([experiment.experiment_id],
-                              f"tags.`{TAG_TRAIN_KEY}` = '{key}' and attributes.status = 'RUNNING'")
-    closed = [run.info.run_id for run in runs if run.info.run_id != keep]
-    for run_id in closed:
-        client.set_terminated(run_id, status="KILLED")
-    return closed
-
-
-def register_once(paths: config.Paths, folder: Path, capability: str, lineage: dict[str, str],
-                  base_model: str) -> dict[str, str]:
+def _register_adapter(paths: config.Paths, folder: Path, capability: str, lineage: dict[str, str],
+                      base_model: str) -> dict[str, str]:
     """Register ``folder`` as a version of ``traceops.adapter.<capability>`` unless a version with the same
-    adapter content hash exists; returns {"name", "version", "run_id", "adapter_hash"}."""
-    name = registry.adapter_model_name(capability)
+    adapter content hash exists; returns {"name", "version", "run_id", "adapter_hash", "reused"}."""
+    from traceops.mlflow_models.registration import register_adapter, register_once
+
     adapter_hash = folder_hash(folder)
     registry.configure(paths)
-    existing = registry.find_tagged_version(name, TAG_ADAPTER_HASH, adapter_hash)
-    if existing is not None:
-        return {"name": name, "version": existing.version, "run_id": existing.run_id,
-                "adapter_hash": adapter_hash, "reused": "true"}
-    ref = registry.register_adapter(folder, capability, lineage, base_model=base_model,
-                                    extra_tags={TAG_ADAPTER_HASH: adapter_hash})
+    ref, reused = register_once(
+        registry.adapter_model_name(capability), TAG_ADAPTER_HASH, adapter_hash,
+        lambda tags: register_adapter(folder, capability, lineage, base_model=base_model, extra_tags=tags))
     return {"name": ref.name, "version": str(ref.version), "run_id": ref.run_id, "adapter_hash": adapter_hash,
-            "reused": "false"}
+            "reused": str(reused).lower()}
 
 
 def _log_curves(result: Any) -> None:
@@ -161,25 +140,25 @@ def train_task(key: str, capability: str, home: str | None = None, budget: str =
     if not (envs / "manifest.json").is_file():
         raise ConfigError(f"train: no environments for '{capability}' under {envs}; run "
                           "`traceops synthesize` first or pick a capability listed in data/environments")
-    base_dir, base_ref = registry.resolve_base_model(base_model)
-    lineage = dict(lineage or registry.current_lineage(paths, base_model))
+    base_dir, base_ref = resolve_base_model(base_model)
+    lineage = dict(lineage or current_lineage(paths, base_model))
     chosen = resolve_budget(budget, budget_overrides)
     params = {"capability": capability, "base_model_ref": base_ref, "seed": seed, **budget_params(chosen)}
     with stage_run(settings, "train", parent_run_id, params=params) as run:
         run_id = run.info.run_id
         mlflow.set_tags({TAG_CAPABILITY: capability, TAG_TRAIN_KEY: key, TAG_ROLE: "adapter",
                          **{k: v for k, v in lineage.items() if v}})
-        abandoned = close_abandoned_runs(paths, key, keep=run_id)
+        abandoned = registry.kill_running_runs(paths, "train", (TAG_TRAIN_KEY, key), keep=run_id)
         with work_timer():
             result = train_adapter(capability, envs, base_dir, work_dir(paths, capability), chosen, seed=seed,
                                    resume=True)
         _log_curves(result)
-        registry.log_json({**result.config, "resumed_from": result.resumed_from,
-                           "abandoned_runs": abandoned}, "train/config.json")
+        log_json({**result.config, "resumed_from": result.resumed_from,
+                  "abandoned_runs": abandoned}, "train/config.json")
         folder = _publish(Path(result.adapter_path), adapter_dir(paths, capability))
         mlflow.set_tag(TAG_ADAPTER_HASH, folder_hash(folder))
-        ref = register_once(paths, folder, capability, lineage, base_model)
-        mlflow.set_tag("traceops.registered_version", ref["version"])
+        ref = _register_adapter(paths, folder, capability, lineage, base_model)
+        mlflow.set_tag(TAG_REGISTERED_VERSION, ref["version"])
     return AdapterResult(
         capability=capability, model_name=ref["name"], model_version=ref["version"],
         mlflow_run=run_id, adapter_path=str(folder), adapter_hash=ref["adapter_hash"],
@@ -211,13 +190,13 @@ def train_generic_task(key: str, capabilities: list[str], home: str | None = Non
     if missing:
         raise ConfigError(f"train: no environments for {', '.join(missing)} under {paths.environments}; "
                           "run `traceops synthesize` first")
-    base_dir, base_ref = registry.resolve_base_model(base_model)
+    base_dir, base_ref = resolve_base_model(base_model)
     chosen = resolve_budget(budget, budget_overrides)
     params = {"capabilities": ",".join(capabilities), "base_model_ref": base_ref, "seed": seed,
               **budget_params(chosen)}
     with stage_run(settings, "train", parent_run_id, params=params) as run:
         mlflow.set_tags({TAG_ROLE: "generic", TAG_TRAIN_KEY: key})
-        close_abandoned_runs(paths, key, keep=run.info.run_id)
+        registry.kill_running_runs(paths, "train", (TAG_TRAIN_KEY, key), keep=run.info.run_id)
         with work_timer():
             # Not evaluated here: the evaluate stage scores it on every test split.
             result = train_generic({c: paths.environments / c for c in capabilities}, base_dir,
@@ -228,7 +207,7 @@ def train_generic_task(key: str, capabilities: list[str], home: str | None = Non
         mlflow.log_metrics({**{f"val_success_after.{c}": v["success"] for c, v in result.val_after.items()},
                             **{f"seconds.{k}": v for k, v in result.timings.items()}})
         mlflow.log_param("generic.sft_steps", result.config["budget"]["sft_steps"])
-        registry.log_json(result.config, "train/generic_config.json")
+        log_json(result.config, "train/generic_config.json")
         folder = _publish(Path(result.adapter_path), generic_dir(paths))
         mlflow.set_tag(TAG_ADAPTER_HASH, folder_hash(folder))
     return GenericResult(adapter_path=str(folder), mlflow_run=run.info.run_id,

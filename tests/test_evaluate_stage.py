@@ -15,6 +15,8 @@ from traceops import config, registry
 from traceops.errors import ConfigError
 from traceops.evaluate import read_reports
 from traceops.evaluation.stage import EvalParams, RoleSpec, replay_sample, role_capabilities
+from traceops.lineage import current_lineage
+from traceops.mlflow_models.registration import register_composite
 from traceops.results import EvalResult, VersionRef
 from traceops.schema import Message, Outcome, Source, Trajectory
 
@@ -67,9 +69,9 @@ def eval_home(home: Path, tiny_model_dir: Path) -> dict:
     import mlflow
 
     registry.configure(paths)
-    lineage = registry.current_lineage(paths, str(tiny_model_dir), diagnosis_run="")
+    lineage = current_lineage(paths, str(tiny_model_dir), diagnosis_run="")
     with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "route")):
-        champion = registry.register_composite(old, lineage, {"traceops.router": "1"})
+        champion = register_composite(old, lineage, {"traceops.router": "1"})
     registry.set_alias(registry.COMPOSITE_MODEL, "champion", champion.version)
     logged_failures(home, ["retail-0003", "retail-0003", "no-such-task"])
     return {"home": home, "adapters": adapters, "generic": generic, "composite": tonight,

@@ -17,9 +17,11 @@ from random_adapters import random_adapter
 from tasks.ingest import ingest_task
 from tasks.tracking import stage_run
 from traceops import config, registry, versioning
-from traceops.lineage import LineageError, lineage, raw_files_manifest, render_tree
+from traceops.lineage import LineageError, current_lineage, lineage, raw_files_manifest, render_tree
+from traceops.mlflow_models.registration import register_adapter, register_composite, register_router
 from traceops.moe.build import build_moe
 from traceops.moe.io import save_moe
+from traceops.tags import TAG_DATA_VERSION, TAG_DIAGNOSIS_RUN, TAG_ENV_VERSION, TAG_RAW_FILES
 
 FIXTURES = Path(__file__).parent / "fixtures" / "formats" / "openai"
 CAPABILITIES = ("state_tracking", "tool_selection")
@@ -43,7 +45,7 @@ def night(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
 
     ingest = ingest_task.fn([str(raw)], home=str(home))
     with stage_run(settings, "diagnose") as diagnose:
-        mlflow.set_tag(registry.TAG_DATA_VERSION, ingest.data_version)
+        mlflow.set_tag(TAG_DATA_VERSION, ingest.data_version)
     for cap in CAPABILITIES:
         folder = paths.environments / cap
         folder.mkdir(parents=True)
@@ -51,21 +53,21 @@ def night(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         (folder / "tasks.jsonl").write_text(json.dumps({"task_id": f"{cap}-0", "split": "test"}) + "\n")
     env_version = versioning.commit_data(home, "data/environments")
     with stage_run(settings, "synthesize"):
-        mlflow.set_tag(registry.TAG_ENV_VERSION, env_version)
-        mlflow.set_tag(registry.TAG_DIAGNOSIS_RUN, diagnose.info.run_id)
+        mlflow.set_tag(TAG_ENV_VERSION, env_version)
+        mlflow.set_tag(TAG_DIAGNOSIS_RUN, diagnose.info.run_id)
 
-    tags = registry.current_lineage(paths, str(tiny_model_dir))
+    tags = current_lineage(paths, str(tiny_model_dir))
     adapters, parents = {}, {}
     for seed, cap in enumerate(CAPABILITIES, start=1):
         adapters[cap] = random_adapter(tiny_model_dir, root / cap, seed)
         with stage_run(settings, "train"):
-            ref = registry.register_adapter(adapters[cap], cap, tags)
+            ref = register_adapter(adapters[cap], cap, tags)
         parents[ref.name] = ref.version
     composite_dir = save_moe(build_moe(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)), adapters),
                              root / "composite")
     with stage_run(settings, "route"):
-        router = registry.register_router(composite_dir, tags, parents)
-        composite = registry.register_composite(composite_dir, tags, {**parents, router.name: router.version})
+        router = register_router(composite_dir, tags, parents)
+        composite = register_composite(composite_dir, tags, {**parents, router.name: router.version})
     registry.promote_aliases(composite.name, composite.version, promoted=True)
     return {"paths": paths, "raw": raw, "ingest": ingest, "diagnose_run": diagnose.info.run_id,
             "env_version": env_version, "tags": tags, "composite": composite, "router": router}
@@ -83,7 +85,7 @@ def test_ingest_records_a_raw_files_manifest(night: dict[str, Any]) -> None:
     assert [e["path"] for e in expected] == [f"data/raw/logs/{f.name}" for f in sorted(FIXTURES.iterdir())]
     logged = json.loads(mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/raw_files.json"))
     assert logged == expected
-    assert run.data.tags[registry.TAG_RAW_FILES] and run.data.tags[registry.TAG_DATA_VERSION]
+    assert run.data.tags[TAG_RAW_FILES] and run.data.tags[TAG_DATA_VERSION]
 
 
 def test_champion_lineage_resolves_every_link(night: dict[str, Any]) -> None:

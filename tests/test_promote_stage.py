@@ -14,6 +14,8 @@ from mlflow.tracking import MlflowClient
 from traceops import config, registry
 from traceops.errors import StageError
 from traceops.evaluate import CapabilityEval, EnvEval, EvalReport, ReplayEval, ReplayTask, write_reports
+from traceops.lineage import current_lineage
+from traceops.mlflow_models.registration import register_composite
 from traceops.results import VersionRef
 
 CAPS = ["argument_grounding", "tool_call_format"]
@@ -60,11 +62,11 @@ def versions(home: Path, tiny_model_dir: Path) -> list[str]:
     lora.save_pretrained(str(home / "lora"))
     base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
     folder = save_moe(build_moe(base, {"tool_call_format": home / "lora"}, top_k=1), home / "composite")
-    lineage = registry.current_lineage(paths, str(tiny_model_dir), diagnosis_run="")
+    lineage = current_lineage(paths, str(tiny_model_dir), diagnosis_run="")
     refs = []
     for _ in range(2):
         with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "route")):
-            refs.append(registry.register_composite(folder, lineage, {"traceops.router": "1"}).version)
+            refs.append(register_composite(folder, lineage, {"traceops.router": "1"}).version)
     return refs
 
 

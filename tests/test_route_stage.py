@@ -15,6 +15,9 @@ from random_adapters import random_adapter
 
 from traceops import config, registry
 from traceops.errors import ConfigError
+from traceops.lineage import current_lineage
+from traceops.mlflow_models.registration import register_adapter
+from traceops.tags import LINEAGE_KEYS, TAG_PARENT_VERSIONS, TAG_REUSED_RUN, TAG_ROUTE_KEY, TAG_SOURCE_RUN
 
 CAPS = ["argument_grounding", "tool_call_format"]
 # Token routing over top-2 (the nightly default is request top-1): the test covers the token mode.
@@ -33,11 +36,11 @@ def route_home(home: Path, tiny_model_dir: Path) -> Path:
     (home / "params.yaml").write_text(yaml.safe_dump({"route": ROUTE}))
     paths = prepare(home).paths
     assert synthesize(CAPS, [], paths.environments, {"train_size": 5, "val_size": 2, "test_size": 2}).passed
-    lineage = registry.current_lineage(paths, str(tiny_model_dir), diagnosis_run="")
+    lineage = current_lineage(paths, str(tiny_model_dir), diagnosis_run="")
     for seed, cap in enumerate(CAPS, start=1):
         folder = random_adapter(tiny_model_dir, home / "trained" / cap, seed)
         with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "train")):
-            registry.register_adapter(folder, cap, lineage, base_model=str(tiny_model_dir))
+            register_adapter(folder, cap, lineage, base_model=str(tiny_model_dir))
     return home
 
 
@@ -92,11 +95,11 @@ def test_route_flow_fits_registers_reloads_and_caches(route_home: Path, tiny_mod
     # Registered versions carry the lineage and their parents.
     router_tags = client.get_model_version(registry.ROUTER_MODEL, "1").tags
     composite_tags = client.get_model_version(registry.COMPOSITE_MODEL, "1").tags
-    assert json.loads(router_tags[registry.TAG_PARENT_VERSIONS]) == adapters
-    parents = json.loads(composite_tags[registry.TAG_PARENT_VERSIONS])
+    assert json.loads(router_tags[TAG_PARENT_VERSIONS]) == adapters
+    parents = json.loads(composite_tags[TAG_PARENT_VERSIONS])
     assert parents == {**adapters, registry.ROUTER_MODEL: "1"}
-    assert all(key in composite_tags for key in registry.LINEAGE_KEYS)
-    assert composite_tags[registry.TAG_SOURCE_RUN] == result.mlflow_run
+    assert all(key in composite_tags for key in LINEAGE_KEYS)
+    assert composite_tags[TAG_SOURCE_RUN] == result.mlflow_run
 
     # The registered composite = the registered adapters + the fitted routers: rebuilding it from the
     # adapter versions and the saved router weights gives the reloaded composite's logits exactly.
@@ -152,7 +155,7 @@ def test_route_rerun_after_lost_result_or_folder_reuses_the_registered_versions(
     from mlflow.tracking import MlflowClient
 
     from flows.route import route_flow
-    from tasks.route import TAG_REUSED_RUN, TAG_ROUTE_KEY, route_task
+    from tasks.route import route_task
     from traceops.hashing import folder_hash
 
     home = route_home

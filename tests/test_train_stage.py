@@ -102,7 +102,8 @@ def test_train_flow_tracks_registers_caches_retrains_changed_and_resumes(train_h
                                                                          tiny_model_dir: Path) -> None:
     from mlflow.tracking import MlflowClient
 
-    from traceops import registry, versioning
+    from traceops import versioning
+    from traceops.tags import LINEAGE_KEYS, TAG_BASE_MODEL, TAG_ENV_VERSION
 
     home = train_home
     client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
@@ -122,10 +123,10 @@ def test_train_flow_tracks_registers_caches_retrains_changed_and_resumes(train_h
                      "dropped_constant_groups", "grpo_skipped_updates", "seconds.sft"):
             assert name in run.data.metrics
         tags = client.get_model_version(row.model_name, "1").tags
-        assert tags[registry.TAG_ENV_VERSION] == env_version
+        assert tags[TAG_ENV_VERSION] == env_version
         # The run's params and the logged model's config (MLflow logs it as params too) agree.
-        assert run.data.params["base_model_ref"] == tags[registry.TAG_BASE_MODEL]
-        assert all(key in tags for key in registry.LINEAGE_KEYS)
+        assert run.data.params["base_model_ref"] == tags[TAG_BASE_MODEL]
+        assert all(key in tags for key in LINEAGE_KEYS)
         assert tags["traceops.adapter_hash"] == row.adapter_hash
     generic = first.generic
     assert generic is not None and (Path(generic.adapter_path) / "adapter_config.json").is_file()

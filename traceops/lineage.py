@@ -1,4 +1,8 @@
-"""Audit trail of a registered model version: every input, hash and run behind it, each link verified.
+"""Lineage of a registered model version: the tags it is registered with, and its audit trail (every
+input, hash and run behind it, each link verified).
+
+``current_lineage`` gives the lineage tags of what is on disk now (git sha, base model, DVC versions of
+the curated data and environments, diagnosis run); every registered version carries them.
 
 ``lineage(paths, "traceops.composite@champion")`` walks
 
@@ -25,10 +29,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from traceops import registry
 from traceops.config import Paths
 from traceops.errors import ConfigError
 from traceops.hashing import content_hash, file_hash
+from traceops.model.reference import resolve_base_model
+from traceops.tags import (
+    LINEAGE_KEYS,
+    TAG_BASE_MODEL,
+    TAG_BASE_SPEC,
+    TAG_CAPABILITY,
+    TAG_DATA_VERSION,
+    TAG_DIAGNOSIS_RUN,
+    TAG_ENV_VERSION,
+    TAG_GIT_SHA,
+    TAG_PARENT_VERSIONS,
+    TAG_RAW_FILES,
+    TAG_SOURCE_RUN,
+)
 
+RAW_FILES_ARTIFACT = "raw_files.json"  # the ingest run's raw-files manifest, pinned by TAG_RAW_FILES
 RAW_WARNING = ("warning only: raw logs may be rotated or moved away; the curated data version still "
                "pins the content that was ingested")
 _MAX_LISTED_FILES = 200  # per DVC folder in the tree; counts are always complete
@@ -60,6 +80,56 @@ def raw_files_manifest(inputs: Sequence[str | Path], home: str | Path) -> list[d
 def manifest_hash(entries: list[dict[str, Any]]) -> str:
     """sha256 of a raw-files manifest's canonical JSON: the tag that pins it on the ingest run."""
     return content_hash(entries, length=64)
+
+
+# -- lineage tags of what is on disk now (set on every registered version and stage run) ---------------
+
+def git_sha(root: Path) -> str:
+    """The commit of the code that ran: the traceops source checkout's HEAD, or ``unknown``."""
+    source = Path(__file__).resolve().parent.parent
+    for folder in (source, root):
+        try:
+            out = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True,
+                                 text=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    return "unknown"
+
+
+def _diagnosis_run_of(paths: Paths, env_version: str | None) -> str:
+    """The diagnosis run behind ``env_version``: the tag of the synthesize run that wrote that version."""
+    if not env_version:
+        return ""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(paths.mlflow_uri, paths.mlflow_uri)
+    found = client.get_experiment_by_name(registry.experiment_name("synthesize"))
+    if found is None:
+        return ""
+    runs = client.search_runs([found.experiment_id], f"tags.`{TAG_ENV_VERSION}` = '{env_version}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].data.tags.get(TAG_DIAGNOSIS_RUN, "") if runs else ""
+
+
+def current_lineage(paths: Paths, base_model: str, diagnosis_run: str | None = None) -> dict[str, str]:
+    """Lineage tags of what is on disk now: git sha, base model, curated data and environments versions
+    (DVC md5s) and the diagnosis run behind those environments."""
+    from traceops import versioning
+
+    _folder, base_ref = resolve_base_model(base_model)
+    data_version = versioning.data_version(paths.home, "data/curated") or ""
+    env_version = versioning.data_version(paths.home, "data/environments") or ""
+    if diagnosis_run is None:
+        diagnosis_run = _diagnosis_run_of(paths, env_version)
+    return {
+        TAG_GIT_SHA: git_sha(paths.home),
+        TAG_BASE_MODEL: base_ref,
+        TAG_DATA_VERSION: data_version,
+        TAG_ENV_VERSION: env_version,
+        TAG_DIAGNOSIS_RUN: diagnosis_run,
+    }
 
 
 # -- tree nodes ----------------------------------------------------------------------------------------
@@ -99,7 +169,6 @@ class _Audit:
     def _version(self, name: str, version: str) -> dict[str, Any]:
         from mlflow.exceptions import MlflowException
 
-        from traceops import registry
 
         label = f"{name}/{version}"
         try:
@@ -108,27 +177,27 @@ class _Audit:
             return _node("model_version", label, False, "registered version does not exist")
         tags = dict(mv.tags or {})
         children = [self._artifacts(name, version)]
-        parents_text = tags.get(registry.TAG_PARENT_VERSIONS)
+        parents_text = tags.get(TAG_PARENT_VERSIONS)
         if parents_text:
             try:
                 parents = json.loads(parents_text)
             except json.JSONDecodeError:
-                children.append(_node("parents", registry.TAG_PARENT_VERSIONS, False,
+                children.append(_node("parents", TAG_PARENT_VERSIONS, False,
                                       f"not valid JSON: {parents_text[:80]}"))
             else:
                 children += [self.version(p, str(v)) for p, v in sorted(parents.items())]
-        run_id = tags.get(registry.TAG_SOURCE_RUN) or mv.run_id or ""
+        run_id = tags.get(TAG_SOURCE_RUN) or mv.run_id or ""
         children.append(self.run(run_id, "source run", "training/route run that logged this version"))
-        children.append(self.base_model(tags.get(registry.TAG_BASE_MODEL, ""),
-                                        tags.get(registry.TAG_BASE_SPEC, "")))
-        children.append(self.git(tags.get(registry.TAG_GIT_SHA, "")))
-        capability = tags.get(registry.TAG_CAPABILITY)
-        children.append(self.dvc("env_version", "data/environments", tags.get(registry.TAG_ENV_VERSION, ""),
+        children.append(self.base_model(tags.get(TAG_BASE_MODEL, ""),
+                                        tags.get(TAG_BASE_SPEC, "")))
+        children.append(self.git(tags.get(TAG_GIT_SHA, "")))
+        capability = tags.get(TAG_CAPABILITY)
+        children.append(self.dvc("env_version", "data/environments", tags.get(TAG_ENV_VERSION, ""),
                                  capability))
-        children.append(self.run(tags.get(registry.TAG_DIAGNOSIS_RUN, ""), "diagnosis run",
+        children.append(self.run(tags.get(TAG_DIAGNOSIS_RUN, ""), "diagnosis run",
                                  "diagnose stage run behind the environments"))
-        children.append(self.data_version(tags.get(registry.TAG_DATA_VERSION, "")))
-        missing = [k for k in registry.LINEAGE_KEYS if k not in tags]
+        children.append(self.data_version(tags.get(TAG_DATA_VERSION, "")))
+        missing = [k for k in LINEAGE_KEYS if k not in tags]
         detail = f"run {run_id}" + (f"; missing tags: {', '.join(missing)}" if missing else "")
         return _node("model_version", label, not missing, detail, children, capability=capability,
                      run_id=run_id, aliases=list(getattr(mv, "aliases", []) or []))
@@ -171,7 +240,6 @@ class _Audit:
 
     def _base_model(self, ref: str, spec: str) -> dict[str, Any]:
         from traceops.errors import TraceopsError
-        from traceops.registry import resolve_base_model
 
         if not ref:
             return _node("base_model", "base model", False, "no base model recorded")
@@ -274,39 +342,37 @@ class _Audit:
                                                                self._ingest_runs(md5) if md5 else []))
 
     def _ingest_runs(self, md5: str) -> list[dict[str, Any]]:
-        from traceops import registry
 
         experiment = self.client.get_experiment_by_name(registry.experiment_name("ingest"))
         if experiment is None:
             return [_node("run", "ingest runs", False, "no traceops/ingest experiment in the MLflow store")]
         runs = self.client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'",
                                        order_by=["attributes.start_time ASC"], max_results=5000)
-        producing = [r for r in runs if r.data.tags.get(registry.TAG_DATA_VERSION) == md5]
+        producing = [r for r in runs if r.data.tags.get(TAG_DATA_VERSION) == md5]
         if not producing:
             return [_node("run", "ingest runs", False, f"no finished ingest run recorded data version {md5}")]
         last = max(r.info.start_time for r in producing)
-        behind = [r for r in runs if r.info.start_time <= last and r.data.tags.get(registry.TAG_DATA_VERSION)]
+        behind = [r for r in runs if r.info.start_time <= last and r.data.tags.get(TAG_DATA_VERSION)]
         return [self._ingest_run(r, md5) for r in behind]
 
     def _ingest_run(self, run: Any, md5: str) -> dict[str, Any]:
         import mlflow
 
-        from traceops import registry
 
         run_id = run.info.run_id
-        version = run.data.tags.get(registry.TAG_DATA_VERSION, "")
+        version = run.data.tags.get(TAG_DATA_VERSION, "")
         role = "wrote this version" if version == md5 else f"earlier version {version}"
         try:
             text = mlflow.artifacts.download_artifacts(
-                run_id=run_id, artifact_path=registry.RAW_FILES_ARTIFACT, dst_path=str(self._tmp() / run_id),
+                run_id=run_id, artifact_path=RAW_FILES_ARTIFACT, dst_path=str(self._tmp() / run_id),
                 tracking_uri=self.paths.mlflow_uri)
             entries = json.loads(Path(text).read_text())
         except Exception:  # no artifact: a run from before raw-file manifests were recorded
-            return _node("run", f"ingest run {run_id}", True, f"{role}; no {registry.RAW_FILES_ARTIFACT} "
+            return _node("run", f"ingest run {run_id}", True, f"{role}; no {RAW_FILES_ARTIFACT} "
                          "recorded (run predates raw-file manifests)", warning=True, run_id=run_id)
-        recorded = run.data.tags.get(registry.TAG_RAW_FILES)
+        recorded = run.data.tags.get(TAG_RAW_FILES)
         if recorded and recorded != manifest_hash(entries):
-            return _node("run", f"ingest run {run_id}", False, f"{registry.RAW_FILES_ARTIFACT} does not "
+            return _node("run", f"ingest run {run_id}", False, f"{RAW_FILES_ARTIFACT} does not "
                          f"match its recorded hash {recorded[:12]}: the manifest was altered", run_id=run_id)
         files = []
         for entry in entries:
@@ -353,7 +419,6 @@ def lineage(paths: Paths, model_uri: str) -> dict[str, Any]:
     """The verified lineage tree of ``model_uri`` (``name@alias``, ``name/version``, optionally
     ``models:/``-prefixed). Returns ``{"model", "version", "ok", "broken", "warnings", "tree"}``;
     raises LineageError naming what exists when the reference does not resolve."""
-    from traceops import registry
 
     registry.configure(paths)
     try:

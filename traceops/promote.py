@@ -23,9 +23,9 @@ from typing import Any
 
 from traceops.errors import ConfigError
 from traceops.evaluation.report import EvalReport, regression
+from traceops.registry import CHALLENGER, CHAMPION
 
 EPS = 1e-9  # success rates are ratios of small integers: compare with a tolerance, not exactly
-CHAMPION, CHALLENGER = "champion", "challenger"
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ from traceops.evaluation.replay import Failed
 from traceops.evaluation.report import EvalReport, regression
 from traceops.evaluation.runner import evaluate_model
 from traceops.model.base import ChatModel, GenerationConfig
+from traceops.registry import CHAMPION  # the champion role is the version holding that alias
 
-BASE, GENERIC, COMPOSITE, CHAMPION = "base", "generic", "composite", "champion"
+BASE, GENERIC, COMPOSITE = "base", "generic", "composite"
 ADAPTER_PREFIX = "adapter:"
 KINDS = ("base", "adapter", "composite")
 

@@ -4,7 +4,8 @@ Each model file (``adapter_model.py``, ``composite_model.py``) defines a ``Pytho
 ``mlflow.models.set_model``; MLflow copies the file into the logged model and runs it at load time, so
 nothing is pickled. The logged artifacts are the small trained folder (PEFT adapter or ``save_moe``
 composite); the base model is referenced by ``model_config["base_model"]`` and resolved on the loading
-machine with ``registry.resolve_base_model``, its weights hash checked against ``base_model_ref``.
+machine with ``traceops.model.reference.resolve_base_model``, its weights hash checked against
+``base_model_ref``. ``registration`` logs and registers them.
 
 Input: a DataFrame with a ``messages`` column (JSON list of chat messages) and an optional ``tools``
 column (JSON list of OpenAI function specs); output: the generated assistant text per row. Params:
@@ -52,12 +53,12 @@ def signature() -> Any:
 
 def base_model_dir(model_config: dict[str, Any]) -> Path:
     """The local folder of the model's base, verified against the weights hash recorded at logging."""
-    from traceops.registry import resolve_base_model
+    from traceops.model.reference import resolve_base_model
 
     spec = model_config.get("base_model")
     if not spec:
         raise ModelError("the logged model's model_config has no 'base_model'; re-register it with "
-                         "traceops.registry")
+                         "traceops.mlflow_models.registration")
     folder, ref = resolve_base_model(str(spec))
     expected = model_config.get("base_model_ref")
     if expected and ref != expected:
