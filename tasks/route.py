@@ -1,7 +1,7 @@
 """Prefect task of the route stage: stack the capability adapters into a MoE-LoRA composite over the base,
 fit its token routers on the oracle demonstrations of every capability, save it and register
 ``traceops.router`` and ``traceops.composite`` with their parent versions. The work itself (load, build,
-fit, trace, save) is ``traceops.moe.compose`` under a ``RouteConfig``; this module resolves the inputs,
+fit, trace, save) is ``traceops.compose`` under a ``RouteConfig``; this module resolves the inputs,
 logs to MLflow and registers.
 
 Registration is idempotent per cache key: router and composite versions carry ``traceops.route_key``,
@@ -22,15 +22,17 @@ from tasks.retry import retry_unless_user_error
 from tasks.tracking import log_json, stage_run, work_timer
 from traceops import config, registry
 from traceops.atomic import atomic_folder
+from traceops.compose import compose, composite_fitted, expert_records, fit_metrics
 from traceops.errors import ConfigError, StageError
 from traceops.lineage import current_lineage
 from traceops.model.reference import resolve_base_model
-from traceops.moe.compose import compose, composite_fitted, expert_records, fit_metrics
 from traceops.moe.route_config import RouteConfig
 from traceops.results import RouteResult, VersionRef
 from traceops.tags import TAG_BASE_MODEL, TAG_PARENT_VERSIONS, TAG_REUSED_RUN, TAG_ROUTE_KEY
 
 ROUTING_ARTIFACT = "routing.json"
+
+
 def composite_exists(result: RouteResult) -> bool:
     """Whether the composite folder a route result names is on disk and is the one that result fitted
     (a later fit with other inputs may have replaced it)."""
