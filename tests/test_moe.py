@@ -210,8 +210,9 @@ class _SyncCounter(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("mode", ["token", "request"])
-def test_forward_adds_no_host_sync_or_dynamic_shapes(base, adapters, mode):
+def test_dense_forward_adds_no_host_sync_or_dynamic_shapes(base, adapters, mode):
     moe = build_moe(copy.deepcopy(base), adapters, mode=mode)
+    moe.compute = "dense"
     ids = prompt_ids()
     mask = torch.ones_like(ids)
     with torch.no_grad():
@@ -221,6 +222,27 @@ def test_forward_adds_no_host_sync_or_dynamic_shapes(base, adapters, mode):
             moe(input_ids=ids, attention_mask=mask)
     # A request-mode prefill is two base passes (the decision's base-only pass, then the routed one).
     assert moe_ops.count == base_ops.count * (2 if mode == "request" else 1)
+
+
+def test_sparse_request_mode_plans_once_per_decision_not_per_step(base, adapters):
+    moe = build_moe(copy.deepcopy(base), adapters, top_k=2, mode="request")
+    moe.compute = "sparse"
+    randomize_routers(moe)
+    ids = prompt_ids(batch=3, length=6)
+    settings = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
+
+    def extra_syncs(new_tokens: int) -> int:
+        with torch.no_grad():
+            with _SyncCounter() as base_ops:
+                base.generate(ids, min_new_tokens=new_tokens, max_new_tokens=new_tokens, **settings)
+            with _SyncCounter() as moe_ops:
+                moe.generate(ids, min_new_tokens=new_tokens, max_new_tokens=new_tokens, **settings)
+        return moe_ops.count - base_ops.count
+
+    # The plan's host syncs are paid once, at the decision: every further decoding step costs none.
+    assert extra_syncs(2) == extra_syncs(6)
+    layer = moe.layers["model.layers.0.self_attn.q_proj"]
+    assert layer._gathered is not None and layer._gathered[0] is moe.state.fixed_plan[-1]
 
 
 def test_router_and_layer_compile_as_one_graph(base, adapters):
@@ -337,3 +359,109 @@ def test_route_config_from_params_merges_in_order_and_refuses_unknown_keys():
         RouteConfig.from_params({"stepz": 5})
     with pytest.raises(ConfigError, match="overrides: unknown route parameter.s. topk"):
         RouteConfig.from_params({}, {"topk": 2})
+
+
+def _logits(moe, ids: torch.Tensor, compute: str, gate=None) -> torch.Tensor:
+    moe.compute = compute
+    with torch.no_grad():
+        if gate is None:
+            return moe(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        with moe.forced(gate):
+            return moe(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+
+
+@pytest.mark.parametrize("null_expert", [False, True])
+@pytest.mark.parametrize("top_k", [1, 2])
+@pytest.mark.parametrize(("mode", "kinds"), [("token", {"tokens"}), ("request", {"rows", "shared", "base"})])
+def test_sparse_paths_equal_the_dense_path(base, adapters, mode, kinds, top_k, null_expert):
+    moe = build_moe(copy.deepcopy(base), adapters, top_k=top_k, mode=mode, null_expert=null_expert)
+    randomize_routers(moe)
+    ids = prompt_ids(batch=3, length=24)
+    dense = _logits(moe, ids, "dense")
+    assert all(router.plan is None for router in moe.routers.values())
+    sparse = _logits(moe, ids, "sparse")
+    assert {router.plan.kind for router in moe.routers.values()} <= kinds
+    assert (sparse - dense).abs().max().item() < 1e-5
+    with moe.trace() as trace:
+        auto = _logits(moe, ids, "auto")
+    assert (auto - dense).abs().max().item() < 1e-5
+    if null_expert and top_k == 1 and mode == "token":  # some tokens took the null expert: the base alone
+        assert trace.summary()["share/null"] > 0
+
+
+@pytest.mark.parametrize(("gate", "kind"), [
+    (torch.tensor([0.0, 1.0, 0.0]), "shared"),  # one expert for the whole batch: one LoRA's matmul pair
+    (torch.tensor([0.6, 0.0, 0.4]), "shared"),
+    ({}, "base"),  # every weight on the null expert
+    (torch.tensor([[0.0, 1.0, 0.0], [0.7, 0.0, 0.3], [0.0, 0.0, 0.0]]), "rows"),  # a row on the null expert
+    (torch.tensor([[0.2, 0.3, 0.5], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]), "rows"),
+    (torch.rand(3, 24, 3, generator=torch.Generator().manual_seed(7)).round(), "tokens"),  # a gate per token
+])
+def test_sparse_forced_gates_equal_the_dense_path(base, adapters, gate, kind):
+    moe = build_moe(copy.deepcopy(base), adapters, mode="request")
+    ids = prompt_ids(batch=3, length=24)
+    dense = _logits(moe, ids, "dense", gate)
+    sparse = _logits(moe, ids, "sparse", gate)
+    assert {router.plan.kind for router in moe.routers.values()} == {kind}
+    assert (sparse - dense).abs().max().item() < 1e-5
+    if kind == "base":
+        with torch.no_grad():
+            assert (sparse - base(input_ids=ids).logits).abs().max().item() < 1e-5
+
+
+def test_single_expert_sparse_equals_peft_lora(base, adapters):
+    moe = build_moe(copy.deepcopy(base), adapters)
+    ids = prompt_ids()
+    for name, folder in adapters.items():
+        reference = PeftModel.from_pretrained(copy.deepcopy(base), str(folder)).eval()
+        with torch.no_grad():
+            expected = reference(input_ids=ids).logits
+        assert (_logits(moe, ids, "auto", {name: 1.0}) - expected).abs().max().item() < 1e-5, name
+
+
+@pytest.mark.parametrize("mode", ["token", "request"])
+def test_sparse_generation_equals_dense_generation(base, adapters, mode):
+    moe = build_moe(copy.deepcopy(base), adapters, top_k=2, mode=mode)
+    randomize_routers(moe)
+    ids = prompt_ids(batch=3, length=6)
+    settings = dict(attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=0,
+                    output_logits=True, return_dict_in_generate=True)
+    runs = {}
+    for compute in ("dense", "sparse"):
+        moe.compute = compute
+        with torch.no_grad():
+            runs[compute] = moe.generate(ids, **settings)
+    assert torch.equal(runs["dense"].sequences, runs["sparse"].sequences)
+    for dense, sparse in zip(runs["dense"].logits, runs["sparse"].logits, strict=True):
+        assert (dense - sparse).abs().max().item() < 1e-5
+
+
+def test_router_gradients_take_the_dense_path_and_match_it(base, adapters):
+    moe = build_moe(copy.deepcopy(base), adapters, top_k=2)
+    randomize_routers(moe)
+    ids = prompt_ids(batch=2, length=24)
+    grads = {}
+    for compute in ("dense", "sparse"):
+        moe.compute = compute
+        for param in moe.router_parameters():
+            param.requires_grad_(True)
+            param.grad = None
+        moe(input_ids=ids).logits.logsumexp(-1).mean().backward()
+        # A gate that needs a gradient is never folded into a plan, whatever the setting.
+        assert all(router.plan is None for router in moe.routers.values())
+        grads[compute] = [param.grad.clone() for param in moe.router_parameters()]
+    assert all(g.abs().sum() > 0 for g in grads["dense"])
+    assert all(torch.allclose(d, s) for d, s in zip(grads["dense"], grads["sparse"], strict=True))
+    with torch.no_grad():  # without a gradient the same setting computes only the selected experts
+        moe(input_ids=ids)
+    assert all(router.plan is not None for router in moe.routers.values())
+
+
+def test_compute_setting_is_checked_and_restored(base, adapters):
+    moe = build_moe(copy.deepcopy(base), adapters)
+    assert moe.compute == "auto"
+    with moe.computing("dense"):
+        assert moe.compute == "dense"
+    assert moe.compute == "auto"
+    with pytest.raises(ConfigError, match="auto, dense, sparse"):
+        moe.compute = "fast"

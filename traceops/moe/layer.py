@@ -2,10 +2,17 @@
 
 The experts are stored flat, in the layout the two matmuls want: ``lora_A`` as ``[E*r, in]`` (the
 ``E x r x in`` stack, reshaped without a copy) and ``lora_B`` as ``[out, E*r]`` (the ``E x out x r``
-stack with each expert's ``alpha / r`` already folded in). A forward is: base matmul, ONE matmul
-into ``E*r``, a gate multiply that zeroes the experts a token did not select, ONE matmul out. No
-loop over experts, no routing-dependent shapes, no host sync; the gate comes from the block's
+stack with each expert's ``alpha / r`` already folded in). The dense forward is: base matmul, ONE
+matmul into ``E*r``, a gate multiply that zeroes the experts a token did not select, ONE matmul out.
+No loop over experts, no routing-dependent shapes, no host sync; the gate comes from the block's
 shared ``BlockRouter``.
+
+That dense form computes every expert, so top-k of E costs what E cost. Where the router publishes
+an ``ExpertPlan`` the layer computes only the selected experts instead (``forward_planned``): one
+matmul pair over the selected slices when the whole batch shares a gate, a batched matmul over rows
+with each row's gathered slices when the gate is fixed per row, one matmul pair per expert over the
+tokens grouped by expert when every token routes. The gathered slices are kept for the plan that made
+them, so decoding steps under one decision gather once.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from traceops.errors import ConfigError
+from traceops.moe.plan import ExpertPlan
 from traceops.moe.router import BlockRouter
 
 
@@ -64,6 +72,8 @@ class MoELoRALinear(nn.Module):
         )
         # A plain attribute, not a submodule: the router is registered once, on the decoder block.
         object.__setattr__(self, "router", router)
+        # The selected experts' slices gathered for the last row or shared plan: (plan, A, B).
+        self._gathered: tuple[ExpertPlan, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def in_features(self) -> int:
@@ -85,8 +95,54 @@ class MoELoRALinear(nn.Module):
         return a, b
 
     def forward_gated(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """Output for an explicit gate ``[..., E, 1]`` over the real experts (forced routing, tests)."""
+        """Output for an explicit gate ``[..., E, 1]`` over the real experts: the dense path (every expert,
+        the gate zeroes the unselected ones; static shapes, gradients reach the gate)."""
         return self.base(x) + moe_lora_delta(x, self.lora_A, self.lora_B, gate)
+
+    def forward_planned(self, x: torch.Tensor, plan: ExpertPlan) -> torch.Tensor:
+        """Output computing only the experts ``plan`` selected; equals ``forward_gated`` with the gate the
+        plan was made from (within float rounding). No gradient reaches the gate through it."""
+        out = self.base(x)
+        if plan.kind == "base":
+            return out
+        if plan.kind == "tokens":
+            return self._grouped(x, out, plan)
+        a, b = self._selected(plan)
+        if plan.kind == "shared":  # one LoRA of K*r: a plain pair of matmuls, the add fused into the second
+            flat = out.reshape(-1, self.out_features)
+            hidden = F.linear(x.reshape(-1, self.in_features), a)
+            return torch.addmm(flat, hidden, b.t()).view(out.shape)
+        rows = x.reshape(plan.batch, -1, self.in_features)
+        hidden = torch.bmm(rows, a.transpose(1, 2))
+        return torch.baddbmm(out.reshape(plan.batch, -1, self.out_features), hidden,
+                             b.transpose(1, 2)).view(out.shape)
+
+    def _selected(self, plan: ExpertPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """The plan's experts as one LoRA (shared: ``A [K*r, in]``, ``B [out, K*r]``) or one per row
+        (rows: ``[B, K*r, in]``, ``[B, out, K*r]``), the gate folded into A; gathered once per plan."""
+        if self._gathered is not None and self._gathered[0] is plan:
+            return self._gathered[1], self._gathered[2]
+        a3, b3 = self.stacked()
+        weights = plan.weights.to(a3.dtype)
+        a = (a3[plan.experts] * weights[..., None, None]).flatten(-3, -2)
+        b = b3[plan.experts].movedim(-3, -2).flatten(-2)
+        self._gathered = (plan, a, b)
+        return a, b
+
+    def _grouped(self, x: torch.Tensor, out: torch.Tensor, plan: ExpertPlan) -> torch.Tensor:
+        """Add the update of the (token, expert) pairs grouped by expert: one matmul pair per expert with
+        tokens, each expert's slices read in place (A's rows, B's columns), results added per token."""
+        flat = out.reshape(-1, self.out_features)
+        picked = x.reshape(-1, self.in_features).index_select(0, plan.tokens)
+        rank, start = self.rank, 0
+        for expert, count in enumerate(plan.counts):
+            if not count:
+                continue
+            span, group = slice(expert * rank, (expert + 1) * rank), slice(start, start + count)
+            hidden = F.linear(picked[group], self.lora_A[span]) * plan.weights[group]
+            flat.index_add_(0, plan.tokens[group], F.linear(hidden, self.lora_B[:, span]))
+            start += count
+        return flat.view(out.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = self.router.expert_gate
@@ -97,7 +153,10 @@ class MoELoRALinear(nn.Module):
             )
         if self.router.state.prepass:  # the request decision's base-only pass: every expert's gate is 0
             return self.base(x)
-        return self.forward_gated(x, gate)
+        plan = self.router.plan
+        if plan is None or (plan.kind == "rows" and (x.dim() < 2 or x.shape[0] != plan.batch)):
+            return self.forward_gated(x, gate)
+        return self.forward_planned(x, plan)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, experts={self.num_experts}, rank={self.rank}"

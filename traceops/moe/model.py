@@ -19,6 +19,7 @@ from torch import nn
 from traceops.errors import ConfigError
 from traceops.moe.config import MoEConfig
 from traceops.moe.layer import MoELoRALinear
+from traceops.moe.plan import check_compute
 from traceops.moe.router import (
     MODES,
     BlockRouter,
@@ -164,6 +165,28 @@ class MoEModel:
             raise ConfigError(f"top_k must be between 1 and {choices}, got {value}")
         self.state.top_k = value
         self.config.top_k = value
+
+    @property
+    def compute(self) -> str:
+        """The layers' path: ``auto`` (only the selected experts where that is measured to pay, the
+        default), ``sparse`` (only the selected experts wherever no gradient must reach the gate) or
+        ``dense`` (every expert, zeroed by the gate: static shapes, no host sync)."""
+        return self.state.compute
+
+    @compute.setter
+    def compute(self, value: str) -> None:
+        self.state.compute = check_compute(value)
+        self.state.fixed_plan = None
+
+    @contextmanager
+    def computing(self, value: str) -> Iterator[None]:
+        """Run the calls inside with the layers' path set to ``value`` (see ``compute``)."""
+        previous = self.compute
+        self.compute = value
+        try:
+            yield
+        finally:
+            self.compute = previous
 
     def router_parameters(self) -> list[nn.Parameter]:
         """The only trainable parameters of the composite: the routers' projections."""

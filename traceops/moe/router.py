@@ -2,9 +2,10 @@
 
 One ``BlockRouter`` per decoder block is shared by every wrapped linear of that block. It runs once
 per block forward (from a forward pre-hook on the decoder layer), so the seven projections of a
-block pay for one small matmul, not seven. Everything here has static shapes and no host sync:
-top-k gives fixed-size indices, the gate is a dense ``[..., E']`` tensor with zeros for the experts
-not selected, so the layers need no gather or ``nonzero``.
+block pay for one small matmul, not seven. The gate itself has static shapes and no host sync: top-k
+gives fixed-size indices, the gate is a dense ``[..., E']`` tensor with zeros for the experts not
+selected. Beside it the router publishes the block call's ``ExpertPlan`` (``traceops.moe.plan``), the
+selected experts for the layers' sparse paths, or None where the dense layer is the cheaper one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from traceops.errors import ConfigError
+from traceops.moe.plan import MIN_GROUPED_TOKENS, ExpertPlan, row_plan, rows_pay, token_plan
 
 if TYPE_CHECKING:
     from traceops.moe.trace import RoutingTrace
@@ -95,7 +97,11 @@ class RoutingState:
     gave one. ``forced`` (over the E real experts) bypasses the routers; ``collect`` receives each
     block's router logits (for fitting); ``recorder`` receives each block's gate (for traces).
     ``request_gate`` (``[B, E']``) is the request-mode decision every block uses, set at prefill by a
-    base-only pass over the prompt (``prepass`` is True while that pass runs).
+    base-only pass over the prompt (``prepass`` is True while that pass runs). ``compute`` picks the
+    layers' path: ``dense`` (every expert, gate-zeroed), ``sparse`` (only the selected experts wherever
+    no gradient must reach the gate) or ``auto`` (sparse where it is measured to pay). ``fixed_plan`` keeps
+    the plan of the gate fixed per row (request decision or forced gate), made once for all blocks and
+    every decoding step.
     """
 
     mode: str = "token"
@@ -108,6 +114,20 @@ class RoutingState:
     recorder: RoutingTrace | None = None
     request_gate: torch.Tensor | None = None
     prepass: bool = False
+    compute: str = "auto"
+    fixed_plan: tuple[torch.Tensor, int, torch.dtype, torch.device, ExpertPlan] | None = None
+
+    def fixed_rows_plan(self, source: torch.Tensor, rows: torch.Tensor) -> ExpertPlan:
+        """The plan of ``rows [B, E]``, the per-row gate that ``source`` (the request decision or the
+        forced gate) fixes: made on the first block that asks, reused until the source changes."""
+        key = (source._version, rows.dtype, rows.device)
+        cached = self.fixed_plan
+        if cached is not None and cached[0] is source and cached[1:4] == key \
+                and cached[4].batch in (0, rows.shape[0]):
+            return cached[4]
+        plan = row_plan(rows)
+        self.fixed_plan = (source, *key, plan)
+        return plan
 
 
 def _rms(hidden: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -131,6 +151,7 @@ class BlockRouter(nn.Module):
         self.proj = nn.Linear(hidden_size, num_experts + int(null_expert), bias=False, dtype=torch.float32)
         self.state = state
         self.expert_gate: torch.Tensor | None = None
+        self.plan: ExpertPlan | None = None
 
     @property
     def num_choices(self) -> int:
@@ -191,8 +212,33 @@ class BlockRouter(nn.Module):
         gate = self.gate(hidden)
         if self.state.recorder is not None:
             self.state.recorder.add(self.layer_index, gate)
-        self.expert_gate = gate[..., : self.num_experts].to(hidden.dtype).unsqueeze(-1)
+        experts = gate[..., : self.num_experts].to(hidden.dtype)
+        self.expert_gate = experts.unsqueeze(-1)
+        self.plan = None if self.state.prepass else self._plan(experts, hidden)
         return gate
+
+    def _plan(self, experts: torch.Tensor, hidden: torch.Tensor) -> ExpertPlan | None:
+        """The sparse layers' plan for this call's gate ``experts [B, T, E]``, or None for the dense path."""
+        state = self.state
+        if state.compute == "dense" or (experts.requires_grad and torch.is_grad_enabled()):
+            return None  # the plans fold the gate into cached weights and host-side groups: no gradient
+        sparse = state.compute == "sparse"
+        tokens = experts.shape[0] * experts.shape[1]
+        if state.forced is not None:
+            source = state.forced if state.forced.dim() <= 2 else None
+        else:
+            source = state.request_gate if state.mode == "request" else None
+        if source is not None:  # the gate is fixed per row: plan once per decision, sync-free after
+            plan = state.fixed_rows_plan(source, experts[:, 0])
+            if plan.kind == "rows" and not sparse and not rows_pay(plan, tokens, self.num_experts):
+                return None
+            return plan
+        # Grouping tokens by expert costs a host sync per block: on an accelerator that stalls the
+        # queue and breaks graph capture, and on few tokens the dense layer is cheaper.
+        if not sparse and (hidden.device.type != "cpu" or tokens < MIN_GROUPED_TOKENS):
+            return None
+        # A forced per-token gate may weight any number of experts; a routed one at most top_k.
+        return token_plan(experts, self.num_experts if state.forced is not None else state.top_k)
 
     def extra_repr(self) -> str:
         return f"layer={self.layer_index}, experts={self.num_experts}, null_expert={self.null_expert}"
