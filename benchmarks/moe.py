@@ -1,14 +1,25 @@
 """Benchmark the stacked MoE-LoRA against the base model, one PEFT LoRA and PEFT X-LoRA.
 
 On the embedded SmolLM2-135M-Instruct with random-init r=16 adapters: forward time at batch 4 x 256
-and greedy decode tokens/s with KV cache at batch 8, for base, single PEFT LoRA, ours top-2 of 4
-and top-2 of 8 experts, per target-module set (all 7 projections, q/v only), plus PEFT X-LoRA over
-the same 8 adapters (forward only: X-LoRA runs without KV cache). Variants alternate A B A B within
-each round; the figure kept per variant is the fastest round (least disturbed by other load).
+and greedy decode tokens/s with KV cache at batch 8, per target-module set (all 7 projections, q/v
+only), for base, single PEFT LoRA and ours:
+
+* ``top2of4``, ``top2of8``: token routing (every token routes; the layers pick dense or grouped by
+  expert, ``compute="auto"``); ``top2of8_dense``: the same with every expert computed and gate-zeroed.
+* ``top2of8_rows``: a forced top-2 gate per row, different rows on different experts: the request-mode
+  composite once its decision is made (the decision's base-only prompt pass is not timed: it is the
+  same whatever the layers compute).
+* ``top2of8_shared`` (and ``top1of8_shared`` on all projections, the nightly's top-1): one forced gate
+  for the whole batch, as the route stage generates each route's rows together.
+
+plus PEFT X-LoRA over the same 8 adapters (forward only: X-LoRA runs without KV cache). Variants
+alternate A B A B within each round; the figure kept per variant is the fastest round (least disturbed
+by other load).
 
 Prints a table, then one JSON object as the last line. Each forward variant's FLOPs (counted by torch's
-FlopCounterMode) and weights (the distinct tensors it reads) are printed against the base's too: the
-compute floor of its forward time and the memory-traffic floor of its small-batch decode.
+FlopCounterMode over the timed forward) and weights (the distinct tensors it stores) are printed
+against the base's too, beside the FLOP floor: the base plus only the selected experts' share of the
+dense layer's extra FLOPs (k of E experts per token).
 
     .venv/bin/python benchmarks/moe.py [--rounds 2] [--targets all,qv] [--no-xlora]
     python benchmarks/moe.py --device cuda --dtype bfloat16 [--random-init MODEL_DIR]   # on a GPU
@@ -30,14 +41,15 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from contextlib import ExitStack, contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from traceops.moe import build_moe  # noqa: E402
+from traceops.moe import MoEModel, build_moe  # noqa: E402
 
 TARGET_SETS = {
     "all": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
@@ -119,6 +131,44 @@ def make_xlora(base: nn.Module, folders: dict[str, Path]) -> nn.Module:
     return get_peft_model(model, config).eval()
 
 
+class Routed:
+    """A composite run under one layer path (``compute``) and optionally one forced gate: ``[E]`` for
+    the whole batch, or ``[B, E]`` per row (cut to the batch of each call)."""
+
+    def __init__(self, moe: MoEModel, compute: str = "auto", gate: torch.Tensor | None = None,
+                 picks: int = 2) -> None:
+        self.moe, self.compute, self.gate, self.picks = moe, compute, gate, picks
+        self.model = moe.model
+
+    @contextmanager
+    def _setting(self, batch: int) -> Iterator[None]:
+        with ExitStack() as stack:
+            stack.enter_context(self.moe.computing(self.compute))
+            if self.gate is not None:
+                stack.enter_context(self.moe.forced(self.gate[:batch] if self.gate.dim() == 2 else self.gate))
+            yield
+
+    def __call__(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
+        with self._setting(input_ids.shape[0]):
+            return self.moe(input_ids=input_ids, **kwargs)
+
+    def generate(self, prompt: torch.Tensor, **kwargs: Any) -> Any:
+        with self._setting(prompt.shape[0]):
+            return self.moe.generate(prompt, **kwargs)
+
+
+def top_gate(experts: int, picks: list[int], weights: tuple[float, ...] = (0.6, 0.4)) -> torch.Tensor:
+    """A forced gate ``[E]`` putting ``weights`` on the experts ``picks``."""
+    gate = torch.zeros(experts)
+    gate[picks] = torch.tensor(weights[: len(picks)])
+    return gate
+
+
+def row_gates(experts: int, rows: int) -> torch.Tensor:
+    """Forced top-2 gates ``[rows, E]``: row i on experts 2i and 2i+1 (mod E), so rows differ."""
+    return torch.stack([top_gate(experts, [2 * i % experts, (2 * i + 1) % experts]) for i in range(rows)])
+
+
 def _cuda_wall() -> float:
     """Elapsed seconds after the GPU's queued work has finished (CUDA kernels run asynchronously)."""
     torch.cuda.synchronize()
@@ -149,11 +199,24 @@ def count_flops(model: Any, ids: torch.Tensor) -> int:
 
 
 def count_weights(model: Any) -> int:
-    """Elements of the distinct tensors a forward reads (parameters and buffers, shared ones once):
-    what each decode step must stream from memory at small batch. A MoE variant wraps its module."""
+    """Elements of the distinct tensors a variant stores (parameters and buffers, shared ones once):
+    what a dense decode step streams from memory at small batch. A MoE variant wraps its module."""
     module = model if isinstance(model, nn.Module) else model.model
     unique = {t.data_ptr(): t.numel() for t in [*module.parameters(), *module.buffers()]}
     return sum(unique.values())
+
+
+def flop_floor(name: str, flops: dict[str, int], model: Any) -> float | None:
+    """The FLOP floor of a MoE variant against the base: the base plus ``k / E`` of the dense layer's
+    extra FLOPs (only the selected experts computed). None for the other variants."""
+    if not isinstance(model, Routed):
+        return None
+    key = name.rsplit("_", 1)[-1]
+    experts = model.moe.config.num_experts
+    dense = flops.get(f"top2of{experts}_dense_{key}")
+    if dense is None:  # the dense variant of this expert count is not measured: E of 8 scaled
+        dense = flops["base"] + (flops[f"top2of8_dense_{key}"] - flops["base"]) * experts / 8
+    return 1 + model.picks / experts * (dense - flops["base"]) / flops["base"]
 
 
 def time_decode(model: Any, prompt: torch.Tensor, new_tokens: int, clock: Callable[[], float]) -> float:
@@ -220,8 +283,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         top2of8 = build_moe(shared_copy(base), {f"e{i}": p for i, p in folders.items()}, top_k=2)
         for moe in (top2of4, top2of8):  # routers are built in float32 on the base's device
             moe.model.to(device=args.device, dtype=dtype)
-        forward_variants.update({f"lora_{key}": single, f"top2of4_{key}": top2of4, f"top2of8_{key}": top2of8})
-        decode_variants.update({f"lora_{key}": single, f"top2of8_{key}": top2of8})
+        experts = top2of8.config.num_experts
+        rows = row_gates(experts, max(args.batch, args.decode_batch))
+        ours = {f"top2of4_{key}": Routed(top2of4), f"top2of8_{key}": Routed(top2of8),
+                f"top2of8_dense_{key}": Routed(top2of8, "dense"),
+                f"top2of8_rows_{key}": Routed(top2of8, gate=rows),
+                f"top2of8_shared_{key}": Routed(top2of8, gate=top_gate(experts, [0, 1]))}
+        if key == "all":
+            ours[f"top1of8_shared_{key}"] = Routed(top2of8, gate=top_gate(experts, [0], (1.0,)), picks=1)
+        forward_variants.update({f"lora_{key}": single, **ours})
+        decode_variants.update({f"lora_{key}": single,
+                                **{name: v for name, v in ours.items() if not name.startswith("top2of4")}})
         if key == "all":
             xlora_folders = folders
     if xlora_folders is not None and not args.no_xlora:
@@ -232,38 +304,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         lambda m: time_forward(m, ids[:1, :16], clock))
     decode = alternate(decode_variants, lambda m: time_decode(m, prompt, args.new_tokens, clock), args.rounds,
                        max, lambda m: time_decode(m, prompt[:2], 2, clock))
-    # One sequence of the forward batch: every variant's FLOPs scale with the batch alike.
-    flops = {name: count_flops(model, ids[:1]) for name, model in forward_variants.items()}
+    # FLOPs of the timed forward itself: which path the layers take depends on the batch's token count.
+    flops = {name: count_flops(model, ids) for name, model in forward_variants.items()}
     tensors = {name: count_weights(model) for name, model in forward_variants.items()}
     tmp.cleanup()
+    floors = {name: flop_floor(name, flops, model) for name, model in forward_variants.items()}
 
     weights = "random-init" if args.random_init else "embedded"
     print(f"SmolLM2-135M ({weights}, {args.dtype}) on {args.device}, threads={args.threads}, "
           f"clock={clock_name} (with the cpu clock, tok/s per CPU-second), forward at "
           f"{args.batch}x{args.seq}, decode at batch {args.decode_batch} ({args.prompt} prompt + "
           f"{args.new_tokens} new tokens), best of {args.rounds}")
-    print(f"{'variant':<16}{'forward s':>11}{'x base':>9}{'FLOPs x base':>14}{'weights x base':>16}"
-          f"{'decode tok/s':>14}{'x base':>9}")
+    print(f"{'variant':<22}{'forward s':>10}{'x base':>8}{'FLOPs x base':>14}{'floor':>7}"
+          f"{'weights x base':>16}{'decode tok/s':>14}{'x base':>8}")
     for name, seconds in forward.items():
         tps = decode.get(name)
-        decode_cols = f"{tps:>14.1f}{tps / decode['base']:>9.2f}" if tps else f"{'-':>14}{'-':>9}"
-        print(f"{name:<16}{seconds:>11.3f}{seconds / forward['base']:>9.2f}"
-              f"{flops[name] / flops['base']:>14.3f}{tensors[name] / tensors['base']:>16.3f}{decode_cols}")
+        decode_cols = f"{tps:>14.1f}{tps / decode['base']:>8.2f}" if tps else f"{'-':>14}{'-':>8}"
+        floor = f"{floors[name]:>7.3f}" if floors[name] is not None else f"{'-':>7}"
+        ratio = seconds / forward["base"]
+        print(f"{name:<22}{seconds:>10.3f}{ratio:>8.2f}{flops[name] / flops['base']:>14.3f}"
+              f"{floor}{tensors[name] / tensors['base']:>16.3f}{decode_cols}")
 
     result: dict[str, Any] = {"seconds": round(time.perf_counter() - started, 1), "clock": clock_name,
                               "device": args.device, "dtype": args.dtype, "weights": weights,
                               "forward_s": {k: round(v, 4) for k, v in forward.items()},
-                              "decode_tok_s": {k: round(v, 2) for k, v in decode.items()}}
+                              "decode_tok_s": {k: round(v, 2) for k, v in decode.items()},
+                              "forward_ratio": {k: round(v / forward["base"], 3) for k, v in forward.items()},
+                              "decode_ratio": {k: round(v / decode["base"], 3) for k, v in decode.items()},
+                              "flops_ratio": {k: round(v / flops["base"], 3) for k, v in flops.items()},
+                              "flops_floor": {k: round(v, 3) for k, v in floors.items() if v is not None},
+                              "weights_ratio": {k: round(v / tensors["base"], 3) for k, v in tensors.items()}}
     for key in args.targets.split(","):
         suffix = "" if key == "all" else f"_{key}"
         moe8, moe4, lora = forward[f"top2of8_{key}"], forward[f"top2of4_{key}"], forward[f"lora_{key}"]
         result[f"forward_ratio_top2of8_vs_base{suffix}"] = round(moe8 / forward["base"], 3)
         result[f"forward_ratio_top2of8_vs_lora{suffix}"] = round(moe8 / lora, 3)
         result[f"forward_ratio_top2of4_vs_base{suffix}"] = round(moe4 / forward["base"], 3)
-        # The compute floor of the forward ratio: the layer runs every expert's A and B densely (the
-        # gate zeroes the unselected ones), so top-2 of 8 costs the FLOPs of all 8.
         result[f"flops_ratio_top2of8_vs_base{suffix}"] = round(flops[f"top2of8_{key}"] / flops["base"], 3)
-        # Likewise for decode at small batch, which streams every expert's weights at each step.
         result[f"weights_ratio_top2of8_vs_base{suffix}"] = round(
             tensors[f"top2of8_{key}"] / tensors["base"], 3)
         result[f"decode_ratio_vs_base{suffix}"] = round(decode[f"top2of8_{key}"] / decode["base"], 3)

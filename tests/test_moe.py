@@ -465,3 +465,17 @@ def test_compute_setting_is_checked_and_restored(base, adapters):
     assert moe.compute == "auto"
     with pytest.raises(ConfigError, match="auto, dense, sparse"):
         moe.compute = "fast"
+
+
+def test_forced_gate_plan_follows_in_place_edits_and_inference_tensors(base, adapters):
+    moe = build_moe(copy.deepcopy(base), adapters, mode="request")
+    ids = prompt_ids(batch=3, length=24)
+    gate = torch.tensor([1.0, 0.0, 0.0])
+    first = _logits(moe, ids, "sparse", gate)
+    gate[:] = torch.tensor([0.0, 0.0, 1.0])  # the same tensor, edited: a new plan, not the cached one
+    assert (_logits(moe, ids, "sparse", gate) - _logits(moe, ids, "dense", gate)).abs().max().item() < 1e-5
+    assert (first - _logits(moe, ids, "dense", torch.tensor([1.0, 0.0, 0.0]))).abs().max().item() < 1e-5
+    with torch.inference_mode():  # a gate made under inference mode has no version counter
+        rows = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 0.0]])
+        sparse, dense = _logits(moe, ids, "sparse", rows), _logits(moe, ids, "dense", rows)
+    assert (sparse - dense).abs().max().item() < 1e-5

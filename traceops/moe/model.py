@@ -176,7 +176,6 @@ class MoEModel:
     @compute.setter
     def compute(self, value: str) -> None:
         self.state.compute = check_compute(value)
-        self.state.fixed_plan = None
 
     @contextmanager
     def computing(self, value: str) -> Iterator[None]:

@@ -120,7 +120,8 @@ class RoutingState:
     def fixed_rows_plan(self, source: torch.Tensor, rows: torch.Tensor) -> ExpertPlan:
         """The plan of ``rows [B, E]``, the per-row gate that ``source`` (the request decision or the
         forced gate) fixes: made on the first block that asks, reused until the source changes."""
-        key = (source._version, rows.dtype, rows.device)
+        # The version counter catches a gate edited in place (inference tensors keep none).
+        key = (-1 if source.is_inference() else source._version, rows.dtype, rows.device)
         cached = self.fixed_plan
         if cached is not None and cached[0] is source and cached[1:4] == key \
                 and cached[4].batch in (0, rows.shape[0]):
