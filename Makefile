@@ -6,7 +6,7 @@ STAMP := $(VENV)/.traceops-installed
 
 .PHONY: run test lint bench clean-state
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
@@ -20,8 +20,13 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# ruff, then the import-linter contracts of pyproject.toml on the installed layout (tasks/ and flows/ as
+# traceops.tasks and traceops.flows, which only an install puts under traceops/).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	site=$$(mktemp -d) && $(PY) -m pip install -q --no-deps --no-build-isolation --target $$site . \
+	  && (cd $$site && $(CURDIR)/$(VENV)/bin/lint-imports --no-cache $(CURDIR)/pyproject.toml); \
+	  status=$$?; rm -rf $$site; exit $$status
 
 bench: $(STAMP)
 	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks.cache import run_cached, stage_key
-from tasks.diagnose import diagnose_task, diagnosis_outputs_exist
 from traceops import config, versioning
 from traceops.results import DiagnoseResult
+from traceops.tasks.cache import run_cached, stage_key
+from traceops.tasks.diagnose import diagnose_task, diagnosis_outputs_exist
 
 
 def diagnose_key(home: str | None, labelers: tuple[str, ...],

@@ -19,8 +19,6 @@ from typing import Any
 
 from prefect import flow
 
-from tasks.cache import run_cached, stage_key
-from tasks.evaluate import evaluate_task, evaluation_outputs_exist
 from traceops import config, registry, versioning
 from traceops.envs.folder import environment_capabilities
 from traceops.evaluation.replay import ATTRIBUTIONS
@@ -28,6 +26,8 @@ from traceops.evaluation.stage import BASE, CHAMPION, COMPOSITE, GENERIC, EvalPa
 from traceops.hashing import file_hash, folder_hash
 from traceops.model.reference import resolve_base_model
 from traceops.results import AdapterResult, EvalResult, GenericResult, RouteResult
+from traceops.tasks.cache import run_cached, stage_key
+from traceops.tasks.evaluate import evaluate_task, evaluation_outputs_exist
 from traceops.train.checkpoint import is_adapter
 
 

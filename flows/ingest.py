@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks.ingest import ingest_task
 from traceops.results import IngestResult
+from traceops.tasks.ingest import ingest_task
 
 
 @flow(name="traceops-ingest", log_prints=False)

@@ -15,18 +15,18 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.diagnose import diagnose_flow
-from flows.evaluate import evaluate_flow
-from flows.promote import promote_flow
-from flows.route import route_flow
-from flows.synthesize import synthesize_flow
-from flows.train import train_flow
-from tasks.ingest import ingest_task
 from traceops import config, registry, versioning
 from traceops.errors import StageError
+from traceops.flows.diagnose import diagnose_flow
+from traceops.flows.evaluate import evaluate_flow
+from traceops.flows.promote import promote_flow
+from traceops.flows.route import route_flow
+from traceops.flows.synthesize import synthesize_flow
+from traceops.flows.train import train_flow
 from traceops.lineage import current_lineage
 from traceops.results import NightResult, VersionRef
 from traceops.tags import TAG_DATA_VERSION, TAG_ENV_VERSION, TAG_PROMOTED
+from traceops.tasks.ingest import ingest_task
 
 
 def _timed(seconds: dict[str, float], stage: str, call: Any, **kwargs: Any) -> Any:

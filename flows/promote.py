@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks.evaluate import EVAL_JSON
-from tasks.promote import promote_task
 from traceops import config
 from traceops.results import EvalResult, PromoteResult, RouteResult, VersionRef
+from traceops.tasks.evaluate import EVAL_JSON
+from traceops.tasks.promote import promote_task
 
 
 @flow(name="traceops-promote")

@@ -6,8 +6,6 @@ from typing import Any
 
 from prefect import flow
 
-from tasks.cache import run_cached, stage_key
-from tasks.route import composite_exists, route_task
 from traceops import config, registry
 from traceops.envs.folder import environment_capabilities
 from traceops.errors import StageError
@@ -15,6 +13,8 @@ from traceops.hashing import folder_hash
 from traceops.model.reference import resolve_base_model
 from traceops.moe.route_config import RouteConfig
 from traceops.results import AdapterResult, RouteResult
+from traceops.tasks.cache import run_cached, stage_key
+from traceops.tasks.route import composite_exists, route_task
 
 
 def latest_adapters(paths: config.Paths) -> list[dict[str, Any]]:

@@ -11,8 +11,8 @@ from typing import Any
 
 from prefect import flow
 
-from flows import runtime
-from flows.nightly import json_summary, nightly_flow
+from traceops.flows import runtime
+from traceops.flows.nightly import json_summary, nightly_flow
 
 
 @flow(name="traceops-nightly-scheduled")

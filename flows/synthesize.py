@@ -6,11 +6,11 @@ from typing import Any
 
 from prefect import flow
 
-from tasks.cache import run_cached, stage_key
-from tasks.synthesize import environments_exist, selected_capabilities, synthesize_task
 from traceops import config, versioning
 from traceops.hashing import file_hash
 from traceops.results import SynthesizeResult
+from traceops.tasks.cache import run_cached, stage_key
+from traceops.tasks.synthesize import environments_exist, selected_capabilities, synthesize_task
 
 
 @flow(name="traceops-synthesize")

@@ -13,8 +13,6 @@ from typing import Any
 
 from prefect import flow
 
-from tasks.cache import stage_key
-from tasks.train import adapter_outputs_exist, generic_outputs_exist, train_generic_task, train_task
 from traceops import config, registry
 from traceops.envs.folder import environment_capabilities
 from traceops.errors import ConfigError
@@ -22,6 +20,8 @@ from traceops.hashing import folder_hash
 from traceops.lineage import current_lineage
 from traceops.model.reference import resolve_base_model
 from traceops.results import AdapterResult, TrainResult
+from traceops.tasks.cache import stage_key
+from traceops.tasks.train import adapter_outputs_exist, generic_outputs_exist, train_generic_task, train_task
 from traceops.train.budgets import resolve_budget
 
 
@@ -53,7 +53,7 @@ def train_flow(home: str | None = None, capabilities: list[str] | None = None, b
 
     Returns the adapters' train_task results and the generic LoRA's result (None without ``generic``).
     """
-    from flows.runners import task_runner
+    from traceops.flows.runners import task_runner
 
     settings = config.load(home)
     params = settings.stage("train")

@@ -6,9 +6,6 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks.cache import CACHED
-from tasks.retry import retry_unless_user_error
-from tasks.tracking import stage_run, work_timer
 from traceops import config
 from traceops.diagnose.outputs import write_outputs
 from traceops.diagnose.run import DiagnoseParams, diagnose
@@ -19,6 +16,9 @@ from traceops.model import load_model
 from traceops.results import DiagnoseResult
 from traceops.store import CuratedStore, load_trajectories
 from traceops.tags import TAG_DATA_VERSION
+from traceops.tasks.cache import CACHED
+from traceops.tasks.retry import retry_unless_user_error
+from traceops.tasks.tracking import stage_run, work_timer
 
 
 def diagnosis_outputs_exist(result: DiagnoseResult) -> bool:

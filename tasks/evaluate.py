@@ -8,9 +8,6 @@ from typing import Any
 
 from prefect import task
 
-from tasks.cache import CACHED
-from tasks.retry import retry_unless_user_error
-from tasks.tracking import stage_run
 from traceops import config
 from traceops.errors import StageError
 from traceops.evaluation.envs import list_capabilities
@@ -20,6 +17,9 @@ from traceops.evaluation.report import EvalReport, write_reports
 from traceops.evaluation.stage import EvalParams, RoleSpec, evaluate_roles
 from traceops.model.reference import resolve_base_model
 from traceops.results import EvalResult, ReplaySummary, RoleSummary
+from traceops.tasks.cache import CACHED
+from traceops.tasks.retry import retry_unless_user_error
+from traceops.tasks.tracking import stage_run
 
 EVAL_JSON, REPORT_HTML = "eval.json", "report.html"
 

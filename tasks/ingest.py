@@ -5,13 +5,13 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.retry import retry_unless_user_error
-from tasks.tracking import log_json, stage_run
 from traceops import config, versioning
 from traceops.ingest import ingest_paths
 from traceops.lineage import RAW_FILES_ARTIFACT, manifest_hash, raw_files_manifest
 from traceops.results import IngestResult
 from traceops.tags import TAG_DATA_VERSION, TAG_RAW_FILES
+from traceops.tasks.retry import retry_unless_user_error
+from traceops.tasks.tracking import log_json, stage_run
 
 CURATED = "data/curated"
 

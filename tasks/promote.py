@@ -8,8 +8,6 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.retry import retry_unless_user_error
-from tasks.tracking import log_json, stage_run
 from traceops import config, registry
 from traceops.errors import StageError
 from traceops.evaluation.html import render_eval_html
@@ -18,6 +16,8 @@ from traceops.evaluation.stage import BASE, CHAMPION, COMPOSITE
 from traceops.promote import Gates, decide
 from traceops.results import PromoteResult, VersionRef
 from traceops.tags import TAG_CANDIDATE, TAG_DECISION
+from traceops.tasks.retry import retry_unless_user_error
+from traceops.tasks.tracking import log_json, stage_run
 
 
 def _version_of(meta: dict[str, Any], role: str) -> str | None:

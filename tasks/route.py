@@ -17,9 +17,6 @@ from typing import Any
 
 from prefect import task
 
-from tasks.cache import CACHED
-from tasks.retry import retry_unless_user_error
-from tasks.tracking import log_json, stage_run, work_timer
 from traceops import config, registry
 from traceops.atomic import atomic_folder
 from traceops.compose import compose, composite_fitted, expert_records, fit_metrics
@@ -29,6 +26,9 @@ from traceops.model.reference import resolve_base_model
 from traceops.moe.route_config import RouteConfig
 from traceops.results import RouteResult, VersionRef
 from traceops.tags import TAG_BASE_MODEL, TAG_PARENT_VERSIONS, TAG_REUSED_RUN, TAG_ROUTE_KEY
+from traceops.tasks.cache import CACHED
+from traceops.tasks.retry import retry_unless_user_error
+from traceops.tasks.tracking import log_json, stage_run, work_timer
 
 ROUTING_ARTIFACT = "routing.json"
 

@@ -9,9 +9,6 @@ from typing import Any
 
 from prefect import task
 
-from tasks.cache import CACHED
-from tasks.retry import retry_unless_user_error
-from tasks.tracking import log_json, stage_run, work_timer
 from traceops import config, versioning
 from traceops.agent import agent_episodes
 from traceops.envs.synthesize import synthesize
@@ -21,6 +18,9 @@ from traceops.model.openai_compat import public_url
 from traceops.results import EnvironmentSummary, SkippedCapability, SynthesizeResult
 from traceops.store import load_trajectories
 from traceops.tags import TAG_DIAGNOSIS_RUN, TAG_ENV_VERSION
+from traceops.tasks.cache import CACHED
+from traceops.tasks.retry import retry_unless_user_error
+from traceops.tasks.tracking import log_json, stage_run, work_timer
 
 ENVIRONMENTS = "data/environments"
 

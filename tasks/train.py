@@ -19,9 +19,6 @@ from typing import Any
 
 from prefect import task
 
-from tasks.cache import CACHED
-from tasks.retry import retry_unless_user_error
-from tasks.tracking import log_json, stage_run, work_timer
 from traceops import config, registry
 from traceops.atomic import atomic_folder
 from traceops.errors import ConfigError
@@ -30,6 +27,9 @@ from traceops.lineage import current_lineage
 from traceops.model.reference import resolve_base_model
 from traceops.results import AdapterResult, GenericResult
 from traceops.tags import TAG_ADAPTER_HASH, TAG_CAPABILITY, TAG_REGISTERED_VERSION, TAG_ROLE, TAG_TRAIN_KEY
+from traceops.tasks.cache import CACHED
+from traceops.tasks.retry import retry_unless_user_error
+from traceops.tasks.tracking import log_json, stage_run, work_timer
 from traceops.train import checkpoint as ckpt
 from traceops.train.budgets import Budget, resolve_budget
 

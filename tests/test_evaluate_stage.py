@@ -53,8 +53,8 @@ def logged_failures(home: Path, task_ids: list[str]) -> None:
 
 @pytest.fixture()
 def eval_home(home: Path, tiny_model_dir: Path) -> dict:
-    from flows.runtime import prepare
     from traceops.envs.synthesize import synthesize
+    from traceops.flows.runtime import prepare
 
     (home / "params.yaml").write_text(yaml.safe_dump({"evaluate": PARAMS}))
     settings = prepare(home)
@@ -82,7 +82,7 @@ def eval_home(home: Path, tiny_model_dir: Path) -> dict:
 def test_evaluate_flow_evaluates_every_role_and_logs_it(eval_home: dict) -> None:
     from mlflow.tracking import MlflowClient
 
-    from flows.evaluate import evaluate_flow
+    from traceops.flows.evaluate import evaluate_flow
 
     home, paths = eval_home["home"], config.load(eval_home["home"]).paths
     kwargs = {"home": str(home), "base_model": str(eval_home["base"]),

@@ -14,14 +14,14 @@ import mlflow
 import pytest
 from random_adapters import random_adapter
 
-from tasks.ingest import ingest_task
-from tasks.tracking import stage_run
 from traceops import config, registry, versioning
 from traceops.lineage import LineageError, current_lineage, lineage, raw_files_manifest, render_tree
 from traceops.mlflow_models.registration import register_adapter, register_composite, register_router
 from traceops.moe.build import build_moe
 from traceops.moe.io import save_moe
 from traceops.tags import TAG_DATA_VERSION, TAG_DIAGNOSIS_RUN, TAG_ENV_VERSION, TAG_RAW_FILES
+from traceops.tasks.ingest import ingest_task
+from traceops.tasks.tracking import stage_run
 
 FIXTURES = Path(__file__).parent / "fixtures" / "formats" / "openai"
 CAPABILITIES = ("state_tracking", "tool_selection")

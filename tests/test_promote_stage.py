@@ -53,7 +53,7 @@ def versions(home: Path, tiny_model_dir: Path) -> list[str]:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from flows.runtime import prepare
+    from traceops.flows.runtime import prepare
     from traceops.moe import build_moe, save_moe
 
     paths = prepare(home).paths
@@ -77,7 +77,7 @@ def aliases(paths: config.Paths) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_promotion_across_nights_moves_the_aliases(home: Path, versions: list[str]) -> None:
-    from flows.promote import promote_flow
+    from traceops.flows.promote import promote_flow
 
     paths = config.load(home).paths
     v1, v2 = versions
@@ -128,8 +128,8 @@ def test_promotion_across_nights_moves_the_aliases(home: Path, versions: list[st
 
     # The evaluate stage leaves the champion out when it is tonight's composite (so an unchanged night
     # keeps its evaluation cache key) and downloads it otherwise.
-    from flows.evaluate import champion_role
     from traceops.evaluation.stage import RoleSpec
+    from traceops.flows.evaluate import champion_role
 
     settings = config.load(home)
     ref = {"name": registry.COMPOSITE_MODEL, "version": v2}

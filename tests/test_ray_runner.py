@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from flows.runners import RunnerParams, task_runner
 from traceops import config
 from traceops.errors import ConfigError
+from traceops.flows.runners import RunnerParams, task_runner
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "raw" / "sample" / "planted-retail.jsonl"
 CAPABILITIES = ["argument_grounding", "policy_adherence"]

@@ -13,7 +13,6 @@ import pandas as pd
 import pytest
 from random_adapters import random_adapter
 
-from tasks.tracking import stage_run
 from traceops import config, registry
 from traceops.errors import ConfigError, InputError
 from traceops.hashing import folder_hash
@@ -37,6 +36,7 @@ from traceops.tags import (
     TAG_SOURCE_RUN,
     TAG_TRAIN_KEY,
 )
+from traceops.tasks.tracking import stage_run
 
 
 def make_composite(base_dir: Path, adapters: dict[str, Path], out: Path) -> Path:

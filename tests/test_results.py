@@ -85,7 +85,7 @@ NIGHT = NightResult(mlflow_run="r-night", seconds={"ingest": 1.0, "total": 9.0},
 def test_prefect_json_serializer_gives_back_the_same_model(result: object) -> None:
     from prefect.serializers import JSONSerializer
 
-    from tasks.cache import CACHED
+    from traceops.tasks.cache import CACHED
 
     assert CACHED["result_serializer"] == "json"
     serializer = JSONSerializer()
@@ -101,7 +101,7 @@ def test_results_refuse_unknown_and_missing_fields() -> None:
 
 
 def test_the_nightly_summaries_read_the_typed_results() -> None:
-    from flows.nightly import capability_rows, json_summary, night_summary_markdown
+    from traceops.flows.nightly import capability_rows, json_summary, night_summary_markdown
 
     assert capability_rows(NIGHT) == [{"capability": "tool_call_format", "coverage": 0.5, "delta": 0.25,
                                        "base": 0.25, "adapter": 0.5, "composite": 0.75}]

@@ -30,8 +30,8 @@ def route_home(home: Path, tiny_model_dir: Path) -> Path:
     """A home with two synthesized capabilities and a registered adapter for each."""
     import mlflow
 
-    from flows.runtime import prepare
     from traceops.envs.synthesize import synthesize
+    from traceops.flows.runtime import prepare
 
     (home / "params.yaml").write_text(yaml.safe_dump({"route": ROUTE}))
     paths = prepare(home).paths
@@ -55,7 +55,7 @@ def test_route_flow_fits_registers_reloads_and_caches(route_home: Path, tiny_mod
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from flows.route import route_flow
+    from traceops.flows.route import route_flow
     from traceops.moe import build_moe, load_moe, read_config
 
     home = route_home
@@ -154,9 +154,9 @@ def test_route_rerun_after_lost_result_or_folder_reuses_the_registered_versions(
     second router and composite when rerun; a lost composite folder is restored from the registry."""
     from mlflow.tracking import MlflowClient
 
-    from flows.route import route_flow
-    from tasks.route import route_task
+    from traceops.flows.route import route_flow
     from traceops.hashing import folder_hash
+    from traceops.tasks.route import route_task
 
     home = route_home
     paths = config.load(home).paths

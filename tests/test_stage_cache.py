@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cache import code_version, key_from_parameter, stage_key
 from traceops import config
 from traceops.hashing import folder_hash
+from traceops.tasks.cache import code_version, key_from_parameter, stage_key
 
 
 def test_cache_key_names_the_home(tmp_path: Path) -> None:
@@ -24,8 +24,8 @@ def test_cache_key_names_the_home(tmp_path: Path) -> None:
 def test_same_inputs_in_two_homes_run_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.tracking import MlflowClient
 
-    from flows.runtime import prepare
-    from flows.synthesize import synthesize_flow
+    from traceops.flows.runtime import prepare
+    from traceops.flows.synthesize import synthesize_flow
 
     results = {}
     for name in ("a", "b"):

@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CAPS = ["argument_grounding", "tool_call_format"]
 DRIVER = """
 import json, sys
-from flows.runtime import prepare
+from traceops.flows.runtime import prepare
 prepare(sys.argv[1])
-from flows.train import train_flow
+from traceops.flows.train import train_flow
 print(train_flow(home=sys.argv[1], capabilities=json.loads(sys.argv[2]) or None,
                  generic=sys.argv[3] == "1").model_dump_json())
 """
@@ -86,9 +86,9 @@ def write_params(home: Path, base: Path, overrides: dict[str, Any]) -> None:
 @pytest.fixture()
 def train_home(home: Path, tiny_model_dir: Path) -> Path:
     """A home with two synthesized, DVC-versioned capabilities and params selecting budget tiny."""
-    from flows.runtime import prepare
     from traceops import versioning
     from traceops.envs.synthesize import synthesize
+    from traceops.flows.runtime import prepare
 
     settings = prepare(home)
     write_params(home, tiny_model_dir, LEAN)

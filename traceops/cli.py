@@ -57,7 +57,7 @@ def ingest(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Read production logs, validate them, store new trajectories and version the curated data."""
-    from flows import runtime
+    from traceops.flows import runtime
 
     try:
         from traceops.formats.detect import check_format, check_paths
@@ -65,7 +65,7 @@ def ingest(
         check_format(fmt)
         check_paths(paths)  # fail before any flow starts when a path is missing
         settings = runtime.prepare(home)
-        from flows.ingest import ingest_flow
+        from traceops.flows.ingest import ingest_flow
 
         with runtime.home_lock(settings):
             result = ingest_flow(paths=[str(p) for p in paths], fmt=fmt,
@@ -121,7 +121,7 @@ def diagnose(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Find the capability gaps behind recurring failures; write capabilities.json and report.html."""
-    from flows import runtime
+    from traceops.flows import runtime
 
     try:
         if labelers not in LABELER_SETS:
@@ -129,7 +129,7 @@ def diagnose(
         if labelers == "llm" and not llm_model:
             raise ConfigError("--labelers llm needs --llm-model (an OpenAI-compatible URL#model or a folder)")
         settings = runtime.prepare(home)
-        from flows.diagnose import diagnose_flow
+        from traceops.flows.diagnose import diagnose_flow
 
         with runtime.home_lock(settings):
             result = diagnose_flow(home=str(settings.paths.home), labelers=LABELER_SETS[labelers],
@@ -150,13 +150,13 @@ def synthesize(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Generate verifiable training environments for the diagnosed capabilities; version them with DVC."""
-    from flows import runtime
+    from traceops.flows import runtime
 
     try:
         if n_train is not None and n_train < 1:
             raise ConfigError(f"--n-train must be at least 1, got {n_train}")
         settings = runtime.prepare(home)
-        from flows.synthesize import synthesize_flow
+        from traceops.flows.synthesize import synthesize_flow
 
         with runtime.home_lock(settings):
             result = synthesize_flow(home=str(settings.paths.home), capabilities=capability or None,
@@ -173,7 +173,7 @@ def _stage_flow(home: Path | None, flow_module: str, flow_name: str, **kwargs: A
     """Prepare the home, take its lock and run one stage flow in process."""
     import importlib
 
-    from flows import runtime
+    from traceops.flows import runtime
 
     settings = runtime.prepare(home)
     stage_flow = getattr(importlib.import_module(flow_module), flow_name)
@@ -194,7 +194,7 @@ def train(
     try:
         if capability and all_:
             raise ConfigError("pass either --capability (repeatable) or --all, not both")
-        result = _stage_flow(home, "flows.train", "train_flow", capabilities=capability or None,
+        result = _stage_flow(home, "traceops.flows.train", "train_flow", capabilities=capability or None,
                              budget=budget, base_model=base_model)
     except TraceopsError as exc:
         fail(exc, as_json)
@@ -216,7 +216,7 @@ def route(
             raise ConfigError(f"--mode must be token or request, got '{mode}'")
         if top_k is not None and top_k < 1:
             raise ConfigError(f"--top-k must be at least 1, got {top_k}")
-        result = _stage_flow(home, "flows.route", "route_flow", top_k=top_k, mode=mode)
+        result = _stage_flow(home, "traceops.flows.route", "route_flow", top_k=top_k, mode=mode)
     except TraceopsError as exc:
         fail(exc, as_json)
         return
@@ -231,7 +231,7 @@ def evaluate(
 ) -> None:
     """Evaluate base, adapters, generic LoRA, composite and champion on the held-out splits and replays."""
     try:
-        result = _stage_flow(home, "flows.evaluate", "evaluate_flow")
+        result = _stage_flow(home, "traceops.flows.evaluate", "evaluate_flow")
     except TraceopsError as exc:
         fail(exc, as_json)
         return
@@ -245,7 +245,7 @@ def promote(
 ) -> None:
     """Apply the promotion gates to the last evaluation: alias `champion` if they pass, else `challenger`."""
     try:
-        result = _stage_flow(home, "flows.promote", "promote_flow")
+        result = _stage_flow(home, "traceops.flows.promote", "promote_flow")
     except TraceopsError as exc:
         fail(exc, as_json)
         return
@@ -261,7 +261,7 @@ def lineage(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Audit a registered model: every run, data version, environment version and raw file behind it."""
-    from flows import runtime
+    from traceops.flows import runtime
 
     try:
         settings = runtime.prepare(home)
@@ -291,7 +291,7 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Run the nightly flow once, in process: ingest through promote."""
-    from flows import runtime
+    from traceops.flows import runtime
 
     try:
         settings = runtime.prepare(home)
@@ -299,7 +299,7 @@ def run(
         from traceops.formats.detect import check_paths
 
         check_paths(paths)
-        from flows.nightly import nightly_flow
+        from traceops.flows.nightly import nightly_flow
 
         with runtime.home_lock(settings, wait_s=wait):
             result = nightly_flow(logs=paths, home=str(settings.paths.home),
@@ -307,7 +307,7 @@ def run(
     except TraceopsError as exc:
         fail(exc, as_json)
         return
-    from flows.nightly import json_summary, night_summary_markdown
+    from traceops.flows.nightly import json_summary, night_summary_markdown
 
     if as_json:
         emit(json_summary(result), True)

@@ -55,7 +55,7 @@ def _active_run_id(what: str) -> str:
     run = mlflow.active_run()
     if run is None:
         raise ConfigError(f"{what} must be called inside an active MLflow run (the stage's run opened by "
-                          "tasks.tracking.stage_run); start one first")
+                          "traceops.tasks.tracking.stage_run); start one first")
     return run.info.run_id
 
 
