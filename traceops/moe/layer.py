@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from traceops.errors import ConfigError
-from traceops.moe.plan import ExpertPlan
+from traceops.moe.plan import ExpertPlan, tensor_version
 from traceops.moe.router import BlockRouter
 
 
@@ -72,8 +72,9 @@ class MoELoRALinear(nn.Module):
         )
         # A plain attribute, not a submodule: the router is registered once, on the decoder block.
         object.__setattr__(self, "router", router)
-        # The selected experts' slices gathered for the last row or shared plan: (plan, A, B).
-        self._gathered: tuple[ExpertPlan, torch.Tensor, torch.Tensor] | None = None
+        # The selected experts' slices gathered for the last row or shared plan: (plan, A, B, the
+        # versions of the stacks they came from).
+        self._gathered: tuple[ExpertPlan, torch.Tensor, torch.Tensor, tuple[int, int]] | None = None
 
     @property
     def in_features(self) -> int:
@@ -108,25 +109,26 @@ class MoELoRALinear(nn.Module):
         if plan.kind == "tokens":
             return self._grouped(x, out, plan)
         a, b = self._selected(plan)
-        if plan.kind == "shared":  # one LoRA of K*r: a plain pair of matmuls, the add fused into the second
-            flat = out.reshape(-1, self.out_features)
+        # The second matmul accumulates into the base output in place: no delta tensor, no extra add pass.
+        if plan.kind == "shared":  # one LoRA of K*r: a plain pair of matmuls
             hidden = F.linear(x.reshape(-1, self.in_features), a)
-            return torch.addmm(flat, hidden, b.t()).view(out.shape)
-        rows = x.reshape(plan.batch, -1, self.in_features)
-        hidden = torch.bmm(rows, a.transpose(1, 2))
-        return torch.baddbmm(out.reshape(plan.batch, -1, self.out_features), hidden,
-                             b.transpose(1, 2)).view(out.shape)
+            return out.reshape(-1, self.out_features).addmm_(hidden, b.t()).view(out.shape)
+        hidden = torch.bmm(x.reshape(plan.batch, -1, self.in_features), a.transpose(1, 2))
+        rows = out.reshape(plan.batch, -1, self.out_features)
+        return rows.baddbmm_(hidden, b.transpose(1, 2)).view(out.shape)
 
     def _selected(self, plan: ExpertPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """The plan's experts as one LoRA (shared: ``A [K*r, in]``, ``B [out, K*r]``) or one per row
         (rows: ``[B, K*r, in]``, ``[B, out, K*r]``), the gate folded into A; gathered once per plan."""
-        if self._gathered is not None and self._gathered[0] is plan:
+        # Experts reloaded in place (a new version of the stacks) are gathered again.
+        versions = (tensor_version(self.lora_A), tensor_version(self.lora_B))
+        if self._gathered is not None and self._gathered[0] is plan and self._gathered[3] == versions:
             return self._gathered[1], self._gathered[2]
         a3, b3 = self.stacked()
         weights = plan.weights.to(a3.dtype)
         a = (a3[plan.experts] * weights[..., None, None]).flatten(-3, -2)
         b = b3[plan.experts].movedim(-3, -2).flatten(-2)
-        self._gathered = (plan, a, b)
+        self._gathered = (plan, a, b, versions)
         return a, b
 
     def _grouped(self, x: torch.Tensor, out: torch.Tensor, plan: ExpertPlan) -> torch.Tensor:

@@ -98,6 +98,12 @@ def rows_pay(plan: ExpertPlan, tokens: int, num_experts: int) -> bool:
     return gathered < dense
 
 
+def tensor_version(tensor: torch.Tensor) -> int:
+    """The in-place version counter of ``tensor``, which keys what is cached from it (-1 for inference
+    tensors, which keep none: those are keyed by identity alone)."""
+    return -1 if tensor.is_inference() else tensor._version
+
+
 def check_compute(value: str) -> str:
     """``value`` if it is a known compute setting, else a ``ConfigError`` naming them."""
     if value not in COMPUTE:
@@ -105,4 +111,5 @@ def check_compute(value: str) -> str:
     return value
 
 
-__all__ = ["BASE_ONLY", "COMPUTE", "ExpertPlan", "check_compute", "row_plan", "rows_pay", "token_plan"]
+__all__ = ["BASE_ONLY", "COMPUTE", "ExpertPlan", "check_compute", "row_plan", "rows_pay", "tensor_version",
+           "token_plan"]

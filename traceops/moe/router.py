@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from traceops.errors import ConfigError
-from traceops.moe.plan import MIN_GROUPED_TOKENS, ExpertPlan, row_plan, rows_pay, token_plan
+from traceops.moe.plan import MIN_GROUPED_TOKENS, ExpertPlan, row_plan, rows_pay, tensor_version, token_plan
 
 if TYPE_CHECKING:
     from traceops.moe.trace import RoutingTrace
@@ -120,8 +120,7 @@ class RoutingState:
     def fixed_rows_plan(self, source: torch.Tensor, rows: torch.Tensor) -> ExpertPlan:
         """The plan of ``rows [B, E]``, the per-row gate that ``source`` (the request decision or the
         forced gate) fixes: made on the first block that asks, reused until the source changes."""
-        # The version counter catches a gate edited in place (inference tensors keep none).
-        key = (-1 if source.is_inference() else source._version, rows.dtype, rows.device)
+        key = (tensor_version(source), rows.dtype, rows.device)  # a gate edited in place: plan again
         cached = self.fixed_plan
         if cached is not None and cached[0] is source and cached[1:4] == key \
                 and cached[4].batch in (0, rows.shape[0]):
