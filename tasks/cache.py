@@ -15,7 +15,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 import traceops
 from traceops.config import resolve_home
@@ -44,10 +46,12 @@ def key_from_parameter(context: Any, parameters: dict[str, Any]) -> str:
     return f"{parameters['key']}-{content_hash(str(home), length=12)}"
 
 
+ResultT = TypeVar("ResultT", bound=BaseModel)
+
 CACHED = {"cache_key_fn": key_from_parameter, "persist_result": True, "result_serializer": "json"}
 
 
-def run_cached(task: Any, outputs_ok: Callable[[dict[str, Any]], bool], **kwargs: Any) -> dict[str, Any]:
+def run_cached(task: Any, outputs_ok: Callable[[ResultT], bool], **kwargs: Any) -> ResultT:
     """Run a cached stage task; when a cached result's outputs no longer exist, run it again for real."""
     result = task(**kwargs)
     if outputs_ok(result):

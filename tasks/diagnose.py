@@ -12,7 +12,6 @@ from traceops.diagnose.run import DiagnoseParams, diagnose
 from traceops.domains import replay_fn
 from traceops.envs.families import FAMILIES
 from traceops.errors import StageError
-from traceops.model import load_model
 from traceops.results import DiagnoseResult
 from traceops.store import CuratedStore, load_trajectories
 from traceops.tags import TAG_DATA_VERSION
@@ -50,10 +49,9 @@ def diagnose_task(key: str, home: str | None = None, labelers: tuple[str, ...] =
             if not store.exists() or not store.count():
                 raise StageError(f"diagnose: the curated store under {settings.paths.curated} is empty; "
                                  "run `traceops ingest LOGS` first")
-            chat_model = load_model(llm_model) if llm_model else None
             # A source, not a list: diagnose streams the store in batches (bounded memory at any size).
             result = diagnose(lambda ids: load_trajectories(settings.paths, ids), params, labelers=labelers,
-                              seed=seed, replay_fn=replay_fn, chat_model=chat_model)
+                              seed=seed, replay_fn=replay_fn, chat_model=llm_model or None)
             trajectories = result.counts["trajectories"]
             files = write_outputs(result, settings.paths.diagnosis)
         summary = result.summary(files["report"])

@@ -82,16 +82,11 @@ def restore_registered(paths: config.Paths, router: registry.ModelRef, key: str,
     downloaded otherwise) and return that fit's record (``routing.json`` of the run that fitted it)."""
     import shutil
 
-    import mlflow
-
     if not composite_fitted(target, key):
         downloaded = registry.download_version(paths, router)
         with atomic_folder(target) as tmp:
             shutil.copytree(downloaded, tmp, dirs_exist_ok=True)
-    record = mlflow.artifacts.download_artifacts(run_id=router.run_id, artifact_path=ROUTING_ARTIFACT,
-                                                 dst_path=str(paths.models / "downloads" / "routing"
-                                                              / router.run_id))
-    return json.loads(Path(record).read_text())
+    return json.loads(registry.download_run_artifact(paths, router.run_id, ROUTING_ARTIFACT).read_text())
 
 
 @task(name="route", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, **CACHED)

@@ -10,10 +10,9 @@ from typing import Any
 from prefect import task
 
 from traceops import config, versioning
-from traceops.agent import agent_episodes
+from traceops.agent import model_episodes
 from traceops.envs.synthesize import synthesize
 from traceops.errors import StageError
-from traceops.model import load_model
 from traceops.model.openai_compat import public_url
 from traceops.results import EnvironmentSummary, SkippedCapability, SynthesizeResult
 from traceops.store import load_trajectories
@@ -74,10 +73,7 @@ def synthesize_task(key: str, capabilities: list[str], home: str | None = None,
                            "calibrate_model": shown_model}) as run:
         with work_timer():
             trajectories = list(load_trajectories(paths))
-            episodes = None
-            if calibrate_model:
-                model = load_model(calibrate_model)
-                episodes = lambda family: agent_episodes(model, family)  # noqa: E731 - one-line factory
+            episodes = model_episodes(calibrate_model) if calibrate_model else None
             fresh = paths.data / ".environments.new"
             shutil.rmtree(fresh, ignore_errors=True)
             result = synthesize(capabilities, trajectories, fresh, params, seed=seed, episodes=episodes)

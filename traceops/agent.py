@@ -19,7 +19,7 @@ from traceops.envs.family import Family
 from traceops.errors import ConfigError, ModelError
 from traceops.model.base import ChatModel, GenerationConfig
 from traceops.model.toolcalls import parse_tool_calls
-from traceops.schema import Label, Message, Outcome, Source, ToolCall, ToolSpec, Trajectory
+from traceops.schema import FULL_REWARD, Label, Message, Outcome, Source, ToolCall, ToolSpec, Trajectory
 
 SOURCE_FORMAT = "traceops-agent"
 SOURCE_FILE = "<collect>"
@@ -110,7 +110,7 @@ def _finish(model: ChatModel, episode: _Episode, domain: str, record: int,
         agent=model.info.model_id,
         tools=tools,
         messages=episode.messages,
-        outcome=Outcome(success=reward == 1.0, reward=reward, reward_breakdown=breakdown),
+        outcome=Outcome(success=reward >= FULL_REWARD, reward=reward, reward_breakdown=breakdown),
         source=Source(format=SOURCE_FORMAT, file=SOURCE_FILE, record=record),
         labels=_labels(model, episode.messages),
         metadata={"turns": episode.turns, "ended": episode.ended},
@@ -173,3 +173,12 @@ def agent_episodes(model: Any, family: Family, *, max_turns: int = 8, config: An
         return list(run_episodes(model, family.make_env, list(tasks), max_turns, config, batch_size))
 
     return run
+
+
+def model_episodes(model_spec: str) -> Callable[[Family], Episodes]:
+    """Calibration's per-family episodes for the model ``model_spec`` names (a folder, ``embedded`` or an
+    OpenAI-compatible URL; loaded once with ``traceops.model.load_model``)."""
+    from traceops.model import load_model
+
+    model = load_model(model_spec)
+    return lambda family: agent_episodes(model, family)

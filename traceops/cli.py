@@ -205,17 +205,18 @@ def train(
 
 @app.command()
 def route(
-    top_k: int | None = typer.Option(None, "--top-k", help="Experts per token (default: params.yaml)."),
-    mode: str | None = typer.Option(None, "--mode", help="token | request (default: params.yaml)."),
+    top_k: int | None = typer.Option(None, "--top-k", help="Experts per token, per request in request mode "
+                                     "(default: params.yaml's route section, else RouteConfig's)."),
+    mode: str | None = typer.Option(None, "--mode", help="request | token (default: params.yaml's route "
+                                    "section, else RouteConfig's)."),
     home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Stack the registered adapters into a token-routed MoE-LoRA, fit its router, register the composite."""
     try:
-        if mode is not None and mode not in ("token", "request"):
-            raise ConfigError(f"--mode must be token or request, got '{mode}'")
-        if top_k is not None and top_k < 1:
-            raise ConfigError(f"--top-k must be at least 1, got {top_k}")
+        from traceops.moe.route_config import RouteConfig
+
+        RouteConfig.from_params(top_k=top_k, mode=mode)  # a bad flag fails here, before a flow starts
         result = _stage_flow(home, "traceops.flows.route", "route_flow", top_k=top_k, mode=mode)
     except TraceopsError as exc:
         fail(exc, as_json)

@@ -79,7 +79,7 @@ def collect(domain: str, model_spec: str, n_tasks: int | None, out_dir: str | Pa
     out = Path(out_dir)
     path = out / output_name(model_spec, chosen.name)
     write_jsonl(trajectories, path)
-    succeeded = sum(1 for t in trajectories if t.outcome.success)
+    succeeded = sum(1 for t in trajectories if t.outcome.succeeded)
     return CollectResult(episodes=len(trajectories), succeeded=succeeded, out=out, files=[path])
 
 

@@ -261,3 +261,13 @@ def download_version(paths: Paths, ref: ModelRef) -> Path:
     """The artifact folder of a registered version, downloaded into the home's one download cache,
     ``models/registry/<name>/<version>``."""
     return download(ref, paths.models / "registry" / ref.name / str(ref.version))
+
+
+def download_run_artifact(paths: Paths, run_id: str, artifact_path: str) -> Path:
+    """One artifact of an MLflow run (e.g. the record a registered version was fitted with), downloaded into
+    the same cache, ``models/registry/runs/<run_id>``; returns its local path."""
+    import mlflow
+
+    target = paths.models / "registry" / "runs" / run_id
+    return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
+                                                    dst_path=str(target)))

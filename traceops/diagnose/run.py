@@ -270,7 +270,7 @@ def diagnose(
     labelers: Sequence[str | Labeler] = ("rule",),
     seed: int = 0,
     replay_fn: ReplayFn | None = None,
-    chat_model: ChatModel | None = None,
+    chat_model: ChatModel | str | None = None,
     batch_size: int = BATCH_SIZE,
 ) -> Diagnosis:
     """Diagnose capability gaps in ``trajectories`` (see the module and DESIGN.md).
@@ -278,7 +278,12 @@ def diagnose(
     ``trajectories`` is a list or a source (``stream.TrajectorySource``: ids -> trajectories, e.g.
     the curated store); a source is read twice, ``batch_size`` trajectories at a time, and memory
     holds one batch plus compact per-trajectory results. The result does not depend on ``batch_size``.
+    ``chat_model`` (for the ``llm`` labeler) is a ChatModel or a model spec ``load_model`` loads.
     """
+    if isinstance(chat_model, str):
+        from traceops.model import load_model
+
+        chat_model = load_model(chat_model)
     p = params or DiagnoseParams()
     if p.selection.seed != seed or p.clusters.seed != seed:
         p = replace(p, selection=replace(p.selection, seed=seed), clusters=replace(p.clusters, seed=seed))
