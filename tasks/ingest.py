@@ -35,7 +35,8 @@ def ingest_task(paths: list[str], fmt: str = "auto", outcomes: str | None = None
         settings.paths.curated.mkdir(parents=True, exist_ok=True)
         data_version = versioning.commit_data(settings.paths.home, CURATED)
         mlflow.log_metrics({"read": result.read, "accepted": result.accepted,
-                            "duplicates": result.duplicates, "quarantined": result.quarantined})
+                            "duplicates": result.duplicates, "quarantined": result.quarantined,
+                            "warnings": sum(result.warnings.values())})
         mlflow.log_param("data_version", data_version)
         mlflow.set_tag(TAG_DATA_VERSION, data_version)
         log_json(result.validation, "validation/ingest_validation.json")
@@ -46,4 +47,5 @@ def ingest_task(paths: list[str], fmt: str = "auto", outcomes: str | None = None
             mlflow.log_artifact(str(result.quarantine_file), "quarantine")
     return IngestResult(read=result.read, accepted=result.accepted, duplicates=result.duplicates,
                         quarantined=result.quarantined, data_version=data_version,
-                        quarantine_reasons=result.reasons, mlflow_run=run.info.run_id)
+                        quarantine_reasons=result.reasons, warnings=result.warnings,
+                        mlflow_run=run.info.run_id)

@@ -10,6 +10,7 @@ import pytest
 
 from traceops import config, versioning
 from traceops.formats.base import ReadItem, Rejected
+from traceops.formats.common import OUTCOME_EXTRA
 from traceops.ingest import ingest_items, ingest_paths
 from traceops.quarantine import count_by, count_quarantined, read_quarantine
 from traceops.schema import Message, Outcome, Source, ToolCall, Trajectory
@@ -239,3 +240,35 @@ def test_reader_workers_never_import_pandas(tmp_path: Path) -> None:
             "print('pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_tau_bench_reward_info_items_are_kept_in_metadata_with_a_warning(home: Path, tmp_path: Path) -> None:
+    """tau-bench writes non-numeric reward_info items (outputs, gt_data_hash): such a record is accepted,
+    its numeric breakdown kept in the outcome, the rest in metadata, and the summary counts a warning;
+    a bad core field (reward) still quarantines the record, naming the field."""
+    messages = [{"role": "user", "content": "cancel order #W1"}, {"role": "assistant", "content": "Done."}]
+    tau = {"task_id": "retail-3", "messages": messages,
+           "outcome": {"success": False, "reward": 0.0, "info": {"task": 3},
+                       "reward_breakdown": {"r_actions": 0.0, "r_outputs": 1.0, "outputs": {"10": False},
+                                            "gt_data_hash": "9f2c"}}}
+    call_log = {"task_id": "retail-4",
+                "request": {"model": "m", "messages": messages[:1]},
+                "response": {"choices": [{"message": messages[1]}]},
+                "outcome": {"success": False, "reward_breakdown": {"gt_data_hash": "ab01"}}}
+    bad_core = {"task_id": "retail-5", "messages": messages, "outcome": {"reward": "high"}}
+    logs = tmp_path / "tau.jsonl"
+    logs.write_text("\n".join(json.dumps(r) for r in (tau, call_log, bad_core)) + "\n")
+
+    settings = config.load(home)
+    result = ingest_paths([logs], settings, run_id="tau", fmt="openai")
+    assert (result.read, result.accepted, result.duplicates, result.quarantined) == (3, 2, 0, 1)
+    assert sum(result.warnings.values()) == 2 and "gt_data_hash" in next(iter(result.warnings))
+    [rejected] = read_quarantine(result.quarantine_file)
+    assert rejected["field"] == "outcome.reward"
+    stored = {t.task_id: t for t in load_trajectories(settings.paths)}
+    first = stored["retail-3"]
+    assert first.outcome.reward_breakdown == {"r_actions": 0.0, "r_outputs": 1.0}
+    assert first.outcome.failed
+    assert first.metadata[OUTCOME_EXTRA] == {"info": {"task": 3}, "reward_breakdown": {
+        "outputs": {"10": False}, "gt_data_hash": "9f2c"}}
+    assert stored["retail-4"].metadata[OUTCOME_EXTRA] == {"reward_breakdown": {"gt_data_hash": "ab01"}}

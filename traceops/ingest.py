@@ -27,10 +27,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceops.config import Settings
 from traceops.errors import StageError
 from traceops.formats.base import ReadItem, Rejected
+from traceops.formats.common import OUTCOME_EXTRA
 from traceops.formats.parallel import FileBatch
 from traceops.quarantine import QuarantineWriter
 from traceops.schema import Trajectory
@@ -51,6 +53,9 @@ DEFAULT_BATCH_SIZE = 10_000
 DEFAULT_BATCH_STEPS = 200_000
 # The final file's remainder joins a full batch when both stay within this share over the limits.
 TAIL_SLACK = 0.25
+# The ingest summary's warning for records accepted with auxiliary outcome parts kept in metadata.
+AUX_OUTCOME_WARNING = ("outcome fields that are not success/reward or numeric reward_breakdown items "
+                       f"(e.g. tau-bench's outputs, gt_data_hash) kept in metadata.{OUTCOME_EXTRA}")
 
 
 @dataclass
@@ -66,6 +71,7 @@ class IngestResult:
     validation_file: Path | None = None
     validation: dict[str, Any] = field(default_factory=dict)
     reasons: dict[str, int] = field(default_factory=dict)
+    warnings: dict[str, int] = field(default_factory=dict)
     new_ids: list[str] = field(default_factory=list)
     data_version: str | None = None
 
@@ -76,7 +82,7 @@ class IngestResult:
                 "quarantine_file": str(self.quarantine_file) if self.quarantine_file else None,
                 "validation_file": str(self.validation_file) if self.validation_file else None,
                 "validation_success": self.validation.get("success"), "reasons": dict(self.reasons),
-                "data_version": self.data_version}
+                "warnings": dict(self.warnings), "data_version": self.data_version}
 
 
 class _Run:
@@ -180,9 +186,19 @@ class _Run:
             trajectories = trajectories.filter(pa.array(keep))
             steps = steps.filter(pa.array(np.repeat(keep, n_steps)))
         self.result.accepted += self.session.append(trajectories, steps)
+        self._count_warnings(trajectories)
         # Ids quarantined in this batch stay "seen": a later copy in this run is a duplicate, not news.
         self.session.known.update(self.batch_ids)
         self.batch_ids = set()
+
+    def _count_warnings(self, trajectories: pa.Table) -> None:
+        """Count the accepted records that kept auxiliary outcome parts in their metadata."""
+        if not trajectories.num_rows:
+            return
+        kept = pc.sum(pc.match_substring(trajectories["metadata"], f'"{OUTCOME_EXTRA}":')).as_py() or 0
+        if kept:
+            warnings = self.result.warnings
+            warnings[AUX_OUTCOME_WARNING] = warnings.get(AUX_OUTCOME_WARNING, 0) + kept
 
     def _quarantine_failures(self, batch: Batch, failures: dict[int, Failure]) -> None:
         offsets = np.concatenate([[0], np.cumsum(batch.n_steps.to_numpy(zero_copy_only=False))])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Result(BaseModel):
@@ -33,6 +33,8 @@ class IngestResult(_Result):
     quarantined: int
     data_version: str
     quarantine_reasons: dict[str, int]
+    # Accepted records with a warning (an auxiliary field kept in metadata), by warning.
+    warnings: dict[str, int] = Field(default_factory=dict)
     mlflow_run: str
 
 

@@ -252,6 +252,38 @@ def mapping(value: Any, field: str, *, default: Mapping[str, Any] | None = None)
     raise RecordProblem(f"must be an object, not {type(value).__name__}", field)
 
 
+# Metadata key holding a record's auxiliary outcome parts (see ``split_outcome``).
+OUTCOME_EXTRA = "traceops_outcome_extra"
+_OUTCOME_FIELDS = ("success", "reward")
+
+
+def split_outcome(value: Any, field: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A record's outcome object as ``schema.Outcome`` fields, plus its auxiliary parts.
+
+    ``success`` and ``reward`` are the outcome's core and stay as given (a bad one still rejects the
+    record). ``reward_breakdown`` keeps its numeric items; the others (tau-bench's ``reward_info`` carries
+    ``outputs: {"10": false}`` and ``gt_data_hash: "..."``) and any other key of the outcome are returned
+    as the auxiliary dict, which readers keep in the trajectory's metadata under ``OUTCOME_EXTRA``: a
+    record whose core is sound is not rejected for an odd auxiliary field.
+    """
+    outcome = mapping(value, field)
+    core = {key: outcome[key] for key in _OUTCOME_FIELDS if key in outcome}
+    extra = {key: item for key, item in outcome.items() if key not in (*_OUTCOME_FIELDS, "reward_breakdown")}
+    breakdown = outcome.get("reward_breakdown")
+    if breakdown is not None:
+        breakdown = mapping(breakdown, f"{field}.reward_breakdown")
+        core["reward_breakdown"] = {key: item for key, item in breakdown.items() if _is_number(item)}
+        rest = {key: item for key, item in breakdown.items() if key not in core["reward_breakdown"]}
+        if rest:
+            extra["reward_breakdown"] = rest
+    return core, extra
+
+
+def _is_number(value: Any) -> bool:
+    """Whether a breakdown item is a number (a bool, as pydantic reads it, counts as 0 or 1)."""
+    return isinstance(value, (int, float))
+
+
 def tool_call(entry: Any, field: str, fallback_id: str) -> dict[str, Any]:
     """One tool call from OpenAI's ``{id, type, function: {name, arguments}}`` or a flat
     ``{id, name, arguments}``. A missing name is kept as '' (evidence of a malformed call)."""

@@ -22,6 +22,7 @@ from typing import Any
 
 from traceops.formats.base import OutcomeTable, ReadItem, Rejected
 from traceops.formats.common import (
+    OUTCOME_EXTRA,
     RecordProblem,
     as_str,
     build_trajectory,
@@ -31,6 +32,7 @@ from traceops.formats.common import (
     join_outcome,
     mapping,
     reject,
+    split_outcome,
     text_of,
     tool_call,
     tool_spec,
@@ -117,9 +119,10 @@ def record_to_dict(value: dict[str, Any]) -> dict[str, Any]:
         "messages": messages,
         "metadata": metadata,
     }
-    outcome = value.get("outcome")
-    if outcome is not None:
-        data["outcome"] = mapping(outcome, "outcome")
+    if value.get("outcome") is not None:
+        data["outcome"], extra = split_outcome(value["outcome"], "outcome")
+        if extra:
+            data["metadata"] = {**metadata, OUTCOME_EXTRA: extra}
     labels = value.get("labels")
     if labels is not None:
         if not isinstance(labels, list):
@@ -146,6 +149,11 @@ def _call_log_to_dict(value: dict[str, Any], request: dict[str, Any]) -> dict[st
     metadata = mapping(value.get("metadata"), "metadata")
     if response.get("id") is not None:
         metadata = {**metadata, "response_id": response.get("id")}
+    outcome: dict[str, Any] = {}
+    if value.get("outcome") is not None:
+        outcome, extra = split_outcome(value["outcome"], "outcome")
+        if extra:
+            metadata = {**metadata, OUTCOME_EXTRA: extra}
     return {
         "task_id": _task_id(value, metadata, messages),
         "domain": as_str(value.get("domain")) or as_str(metadata.get("domain")) or "unknown",
@@ -154,7 +162,7 @@ def _call_log_to_dict(value: dict[str, Any], request: dict[str, Any]) -> dict[st
         "tools": convert_tools(request.get("tools"), "request.tools"),
         "messages": messages,
         "metadata": metadata,
-        **({"outcome": mapping(value["outcome"], "outcome")} if value.get("outcome") is not None else {}),
+        **({"outcome": outcome} if value.get("outcome") is not None else {}),
     }
 
 
