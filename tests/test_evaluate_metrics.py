@@ -8,6 +8,7 @@ import pytest
 
 from traceops.errors import ConfigError
 from traceops.evaluate import CapabilityEval, EnvEval, is_success, pass_hat_k, regression
+from traceops.evaluation.intervals import paired_bootstrap, task_differences, wilson
 
 
 def env_eval(rewards: dict[str, dict[str, list[float]]], k: int = 1, model_id: str = "m") -> EnvEval:
@@ -87,7 +88,9 @@ def test_regression_deltas_on_shared_capabilities() -> None:
     )
     reg = regression(candidate, champion)
     assert reg["champion_model_id"] == "champ"
-    assert reg["capabilities"]["a"] == {"candidate": 1.0, "champion": 0.5, "delta": 0.5}
+    # one shared task per capability: the paired interval is that task's own difference
+    assert reg["capabilities"]["a"] == {"candidate": 1.0, "champion": 0.5, "delta": 0.5,
+                                        "low": 0.5, "high": 0.5, "tasks": 1}
     assert reg["capabilities"]["b"]["delta"] == pytest.approx(-0.5)
     assert reg["shared"] == ["a", "b"] and reg["new"] == ["new"] and reg["missing"] == ["gone"]
     # overall on the shared capabilities only: (1 + .5)/2 vs (.5 + 1)/2
@@ -95,3 +98,45 @@ def test_regression_deltas_on_shared_capabilities() -> None:
     assert reg["worst"] == {"capability": "b", "delta": pytest.approx(-0.5)}
     none = regression(candidate, None)
     assert none["overall"] is None and none["capabilities"] == {} and none["new"] == ["a", "b", "new"]
+
+
+def test_wilson_intervals_against_known_values() -> None:
+    assert wilson(0, 4) == pytest.approx((0.0, 0.4899), abs=1e-4)
+    assert wilson(4, 4) == pytest.approx((0.5101, 1.0), abs=1e-4)
+    assert wilson(8, 16) == pytest.approx((0.2800, 0.7200), abs=1e-4)
+    assert wilson(0, 0) is None
+    one = CapabilityEval("a", {f"t{i}": [1.0 if i < 8 else 0.0] for i in range(16)})
+    assert one.success_ci == pytest.approx((0.2800, 0.7200), abs=1e-4)
+    assert one.to_dict()["success_ci"] == pytest.approx([0.2800, 0.7200], abs=1e-4)
+    envs = EnvEval("m", "test", 1, 1, 0.0, 0, capabilities={"a": one, "b": CapabilityEval("b", {
+        f"t{i}": [1.0 if i < 8 else 0.0] for i in range(16)})})
+    # equal split sizes: the overall interval is Wilson of 16 of 32
+    assert envs.success_overall_ci == pytest.approx(wilson(16, 32))
+    assert envs.to_dict()["success_overall_ci"] == pytest.approx(list(wilson(16, 32)))
+
+
+def test_paired_bootstrap() -> None:
+    # Identical roles: every per-task difference is 0, so is every resample.
+    assert paired_bootstrap({"a": [0.0] * 16, "b": [0.0] * 8}) == (0.0, 0.0, 0.0)
+    # Better on 12 of 16 tasks, worse on none: a clearly positive lower bound.
+    point, low, high = paired_bootstrap({"a": [1.0] * 12 + [0.0] * 4})
+    assert point == 0.75 and 0.5 <= low < 0.75 < high <= 1.0
+    # Seeded: the same inputs give the same interval; another seed gives another draw.
+    mixed = {"a": [1.0, -1.0, 0.0, 1.0] * 4}
+    assert paired_bootstrap(mixed, seed=3) == paired_bootstrap(mixed, seed=3)
+    # Stratified macro mean: each capability weighs the same, whatever its size.
+    assert paired_bootstrap({"a": [1.0] * 4, "b": [0.0] * 40})[0] == 0.5
+    assert paired_bootstrap({}) is None and paired_bootstrap({"a": []}) is None
+    assert task_differences({"t1": [1.0], "t2": [1.0, 0.0], "x": [1.0]},
+                            {"t1": [0.0], "t2": [1.0, 1.0], "y": [0.0]}) == [1.0, -0.5]
+
+
+def test_regression_interval_of_a_clearly_better_role() -> None:
+    better = env_eval({"a": {f"t{i}": [1.0 if i < 14 else 0.0] for i in range(16)}})
+    worse = env_eval({"a": {f"t{i}": [1.0 if i < 2 else 0.0] for i in range(16)}})
+    reg = regression(better, worse)
+    row = reg["capabilities"]["a"]
+    assert row["delta"] == pytest.approx(0.75) and row["tasks"] == 16 and row["low"] > 0.4
+    assert reg["overall"]["low"] == row["low"] and reg["interval"]["resamples"] == 2000
+    same = regression(better, better)
+    assert (same["overall"]["low"], same["overall"]["high"]) == (0.0, 0.0)

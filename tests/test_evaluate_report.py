@@ -17,6 +17,7 @@ from traceops.evaluate import (
     regression,
     render_eval_html,
 )
+from traceops.evaluation.stage import comparisons
 from traceops.promote import decide
 
 
@@ -68,6 +69,11 @@ def test_flat_metrics(reports: dict[str, EvalReport]) -> None:
     assert flat["replay.replayed"] == 4 and flat["replay.not_replayable"] == 1
     assert flat["regression.tool_selection"] == 0.5 and flat["regression.state_tracking"] == 0.25
     assert flat["regression.worst"] == 0.25
+    # 95% Wilson interval of 3 of 4 and the paired interval of the 2 gains over 4 tool_selection tasks
+    assert flat["success.tool_selection.low"] == pytest.approx(0.3006, abs=1e-4)
+    assert flat["success.tool_selection.high"] == pytest.approx(0.9544, abs=1e-4)
+    assert flat["success.overall.low"] < 0.625 < flat["success.overall.high"]
+    assert flat["regression.tool_selection.low"] == 0.0 and flat["regression.tool_selection.high"] == 1.0
     metrics = reports["composite"].metrics()
     assert all(isinstance(v, float) for v in metrics.values()) and "model" not in metrics
     # MLflow metric names: letters, digits, '_', '.', '-', ' ', '/'
@@ -89,7 +95,8 @@ def test_details_round_trip(reports: dict[str, EvalReport]) -> None:
 
 def test_html_page(reports: dict[str, EvalReport], tmp_path: Path) -> None:
     decision = decide(reports["composite"], None, reports["base"])
-    path = render_eval_html(reports, tmp_path / "eval" / "report.html", decision=decision)
+    path = render_eval_html(reports, tmp_path / "eval" / "report.html", decision=decision,
+                            comparisons=comparisons(reports))
     page = path.read_text()
     assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 2
     assert "<script>" not in page and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
@@ -98,5 +105,12 @@ def test_html_page(reports: dict[str, EvalReport], tmp_path: Path) -> None:
     assert "composite / tool_selection: 0.750" in page and "base / overall: 0.250" in page
     assert "composite / repeat-failure (same gap): 0.250" in page
     assert "n/a" in page  # the adapter without a replay
-    assert "Candidate promoted to <b>champion</b>" in page and "beats_base" in page
+    # 4 tasks per capability: the point gain does not promote, and the page says why
+    assert "Candidate kept as <b>challenger</b>" in page and "beats_base" in page
+    assert "too small to conclude" in page and "cannot be told from chance on 8 tasks" in page
+    # success with its Wilson interval; the paired comparison with its bootstrap interval and verdict
+    assert "75% [30-95] of 4" in page and "<h3>composite vs base</h3>" in page
+    assert "+50 pts [+0, +100]" in page and "too wide to conclude" in page
+    assert "Too few tasks to tell composite vs base apart on" in page
+    assert "2000 resamples, seed 0" in page
     assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")  # self-contained

@@ -1,18 +1,23 @@
 """Promotion gates: does tonight's candidate replace the champion? Pure: moving MLflow aliases is the
 orchestration layer's job.
 
-Rules (``params.yaml`` section ``promote``):
+Every comparison is paired: the candidate and its reference were evaluated on the same test tasks, and
+each gate reads the 95% paired bootstrap interval of the success difference (``regression()``), never
+the point estimate alone, so a handful of tasks cannot promote on noise. Rules (``params.yaml`` section
+``promote``):
 
-- ``margin`` (0.02): the candidate's overall success must beat the champion's by at least this much,
-  compared on the capabilities both were evaluated on;
-- ``max_capability_regression`` (0.05): no capability's success may drop by more than this against the
-  champion;
+- ``margin`` (0.02): the lower bound of the candidate's overall gain over the champion must be above
+  this, compared on the capabilities both were evaluated on;
+- ``max_capability_regression`` (0.05): no capability's interval may admit a drop of more than this
+  against the champion (its lower bound must be at least ``-max_capability_regression``);
 - ``repeat_failure_not_worse`` (true): the candidate's repeat-failure rate on the replayed logged
   failures must not exceed the champion's.
 
-First night (no champion): the candidate must beat the *base* model overall by ``margin`` and, with
-``repeat_failure_not_worse``, not repeat more logged failures than the base model does. The reports
-compared should come from the same night's environments and replays (re-evaluate the champion).
+First night (no champion): the lower bound of the candidate's overall gain over the *base* model must be
+above 0 and, with ``repeat_failure_not_worse``, it must not repeat more logged failures than the base
+does. When the point estimate clears a bar but its interval does not, the reason says the evaluation is
+too small to conclude and the candidate stays ``challenger``. The reports compared should come from
+the same night's environments and replays (re-evaluate the champion).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class Gates:
     margin: float = 0.02
     max_capability_regression: float = 0.05
     repeat_failure_not_worse: bool = True
+    min_paired_tasks: int = 16
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any] | None) -> Gates:
@@ -54,12 +60,17 @@ class Gates:
                     values.get("max_capability_regression", cls.max_capability_regression)
                 ),
                 repeat_failure_not_worse=flag,
+                min_paired_tasks=int(values.get("min_paired_tasks", cls.min_paired_tasks)),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(
                 f"params.yaml promote: {exc}; margin and max_capability_regression are "
-                "numbers, repeat_failure_not_worse is true or false"
+                "numbers, min_paired_tasks a whole number, repeat_failure_not_worse true or false"
             ) from exc
+        if gates.min_paired_tasks < 1:
+            raise ConfigError(
+                f"params.yaml promote.min_paired_tasks is {gates.min_paired_tasks}; use at least 1"
+            )
         if not -1.0 <= gates.margin <= 1.0:
             raise ConfigError(f"params.yaml promote.margin is {gates.margin}; use a value in [-1, 1]")
         if not 0.0 <= gates.max_capability_regression <= 1.0:
@@ -88,31 +99,61 @@ def _check(passed: bool, value: float | None, threshold: float | None, **extra: 
     return {"passed": bool(passed), "value": value, "threshold": threshold, **extra}
 
 
+MORE_TASKS = (
+    "evaluate more test tasks per capability (params.yaml evaluate.limit, or `traceops evaluate --full`) "
+    "before promoting on it"
+)
+
+
+def _interval(row: dict[str, Any]) -> str:
+    if row.get("low") is None:
+        return "no interval"
+    return f"95% interval [{row['low']:+.3f}, {row['high']:+.3f}]"
+
+
 def _margin_check(
-    candidate: EvalReport, reference: EvalReport, role: str, margin: float
+    candidate: EvalReport, reference: EvalReport, role: str, threshold: float, min_tasks: int
 ) -> tuple[dict[str, Any], str]:
     if candidate.envs is None or reference.envs is None:
         missing = "candidate" if candidate.envs is None else role
         return (
-            _check(False, None, margin),
+            _check(False, None, threshold),
             f"Overall success cannot be compared: the {missing} has no environment evaluation; "
             "evaluate both on the same environments.",
         )
     reg = regression(candidate.envs, reference.envs)
     if reg["overall"] is None:
         return (
-            _check(False, None, margin),
+            _check(False, None, threshold),
             f"Overall success cannot be compared: no capability was evaluated for both the candidate "
             f"and the {role}; evaluate the {role} on tonight's environments.",
         )
-    mine, theirs, delta = reg["overall"]["candidate"], reg["overall"]["champion"], reg["overall"]["delta"]
-    passed = delta >= margin - EPS
+    row = reg["overall"]
+    mine, theirs, delta = row["candidate"], row["champion"], row["delta"]
+    low, tasks = row["low"], row["tasks"]
+    # A percentile bootstrap over very few tasks understates its own uncertainty (3 wins of 4 tasks
+    # give a lower bound of +0.25, though a sign test calls that chance): below min_tasks, no verdict.
+    enough = tasks >= min_tasks
+    passed = enough and low is not None and low > threshold + EPS
+    # The point estimate clears the bar but the evidence does not: too few tasks to tell from chance.
+    inconclusive = not passed and delta > threshold + EPS
     shared = len(reg["shared"])
-    return (
-        _check(passed, delta, margin, candidate=mine, reference=theirs, shared=reg["shared"]),
+    text = (
         f"Overall success {mine:.3f} vs {role} {theirs:.3f} on {shared} shared "
-        f"capabilit{'y' if shared == 1 else 'ies'}: {delta:+.3f}, needs at least {margin:+.3f} "
-        f"({'passed' if passed else 'failed'}).",
+        f"capabilit{'y' if shared == 1 else 'ies'} ({tasks} paired task{'' if tasks == 1 else 's'}): "
+        f"{delta:+.3f}, {_interval(row)}; the lower bound must be above {threshold:+.3f} "
+        f"({'passed' if passed else 'failed'})."
+    )
+    if inconclusive:
+        few = "" if enough else f" (fewer than the {min_tasks} paired tasks an interval needs)"
+        text = (
+            f"{text[:-1]}: the gain over the {role} cannot be told from chance on {tasks} "
+            f"task{'' if tasks == 1 else 's'}{few}; {MORE_TASKS}."
+        )
+    return (
+        _check(passed, low, threshold, delta=delta, low=low, high=row["high"], tasks=tasks,
+               candidate=mine, reference=theirs, shared=reg["shared"], inconclusive=inconclusive),
+        text,
     )
 
 
@@ -125,7 +166,9 @@ def _regression_check(
             "Per-capability regression cannot be checked: an environment evaluation is missing.",
         )
     reg = regression(candidate.envs, champion.envs)
-    drops = {c: -r["delta"] for c, r in reg["capabilities"].items() if r["delta"] is not None}
+    rows = reg["capabilities"]
+    # The largest drop each capability's interval admits: the negated lower bound of its difference.
+    drops = {c: -r["low"] for c, r in rows.items() if r.get("low") is not None}
     if not drops:
         return (
             _check(False, None, limit),
@@ -135,21 +178,32 @@ def _regression_check(
     drop = max(drops[worst], 0.0)
     passed = drop <= limit + EPS
     over = sorted(c for c, d in drops.items() if d > limit + EPS)
+    # Of those, the ones whose measured drop is within the limit: too few tasks to rule a drop out.
+    unclear = [c for c in over if rows[c]["delta"] is not None and -rows[c]["delta"] <= limit + EPS]
     if passed:
         text = (
-            f"Largest per-capability drop against the champion is {drop:.3f} ({worst}), within the "
-            f"allowed {limit:.3f} (passed)."
+            f"No capability can have dropped by more than {limit:.3f} against the champion: the "
+            f"largest drop the 95% intervals admit is {drop:.3f} ({worst}) (passed)."
         )
     else:
         listed = ", ".join(
-            f"{c} {reg['capabilities'][c]['champion']:.3f} -> {reg['capabilities'][c]['candidate']:.3f}"
+            f"{c} {rows[c]['champion']:.3f} -> {rows[c]['candidate']:.3f} "
+            f"({_interval(rows[c])} over {rows[c]['tasks']} tasks)"
             for c in over
         )
         text = (
-            f"Success dropped by more than {limit:.3f} against the champion on {len(over)} "
+            f"Success may have dropped by more than {limit:.3f} against the champion on {len(over)} "
             f"capabilit{'y' if len(over) == 1 else 'ies'}: {listed} (failed)."
         )
-    return _check(passed, drop, limit, capability=worst, regressed=over), text
+        if unclear:
+            text = (
+                f"{text[:-1]}; the measured drop on {', '.join(unclear)} is within the limit but cannot "
+                f"be told from chance, so {MORE_TASKS}."
+            )
+    return (
+        _check(passed, drop, limit, capability=worst, regressed=over, inconclusive=bool(unclear)),
+        text,
+    )
 
 
 def _repeat_check(candidate: EvalReport, reference: EvalReport, role: str) -> tuple[dict[str, Any], str]:
@@ -188,7 +242,10 @@ def decide(
     if first_night:
         reasons.append("No champion yet (first night): the candidate is compared with the base model.")
     name = "beats_base" if first_night else "beats_champion"
-    checks[name], text = _margin_check(candidate, reference, role, gates.margin)
+    # Displacing a champion must be worth the churn (margin); on the first night there is none to
+    # displace, so a gain over the base that chance does not explain is enough.
+    threshold = 0.0 if first_night else gates.margin
+    checks[name], text = _margin_check(candidate, reference, role, threshold, gates.min_paired_tasks)
     reasons.append(text)
     if champion is not None:
         checks["capability_regression"], text = _regression_check(
@@ -200,10 +257,17 @@ def decide(
         reasons.append(text)
     promote = all(c["passed"] for c in checks.values())
     failed = [n for n, c in checks.items() if not c["passed"]]
+    unclear = [n for n in failed if checks[n].get("inconclusive")]
     reasons.append(
         f"Promoted to {CHAMPION}: all {len(checks)} checks passed."
         if promote
-        else f"Kept as {CHALLENGER}: {len(failed)} of {len(checks)} checks failed ({', '.join(failed)})."
+        else f"Kept as {CHALLENGER}: {len(failed)} of {len(checks)} checks failed ({', '.join(failed)})"
+        + (
+            f"; the evaluation is too small to conclude ({', '.join(unclear)}), not evidence "
+            "against the candidate."
+            if unclear
+            else "."
+        )
     )
     return Decision(
         promote=promote, alias=CHAMPION if promote else CHALLENGER, reasons=reasons, checks=checks

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from traceops.evaluation.intervals import format_gain, format_rate, verdict
 from traceops.evaluation.report import EvalReport
 
 PALETTE = (
@@ -26,7 +27,7 @@ PALETTE = (
 )
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
-th:first-child,td:first-child{text-align:left}.pass{color:#1a7f37}.fail{color:#c62828}
+th:first-child,td:first-child{text-align:left}.pass{color:#1a7f37}.fail{color:#c62828}.wide{color:#8a6d00}
 svg text{font-size:11px}"""
 
 
@@ -100,11 +101,80 @@ def grouped_bars(
     return "\n".join(parts)
 
 
+def _ci(low: float | None, high: float | None) -> str:
+    return "n/a" if low is None or high is None else f"[{low:.3f}, {high:.3f}]"
+
+
+def _interval_table(reports: Mapping[str, EvalReport], capabilities: Sequence[str]) -> str:
+    """Success per capability and overall, each with its 95% Wilson interval and task count."""
+    names = list(reports)
+    rows = []
+    for capability in [*capabilities, "overall"]:
+        cells = []
+        for report in reports.values():
+            envs = report.envs
+            if envs is None:
+                cells.append("n/a")
+            elif capability == "overall":
+                cells.append(format_rate(envs.success_overall, envs.success_overall_ci))
+            elif capability in envs.capabilities:
+                result = envs.capabilities[capability]
+                cells.append(f"{format_rate(result.success, result.success_ci)} of {result.n_tasks}")
+            else:
+                cells.append("n/a")
+        rows.append(f"<tr><td>{_e(capability)}</td>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    return (
+        "<table><tr><th>capability</th>" + "".join(f"<th>{_e(n)}</th>" for n in names) + "</tr>"
+        + "".join(rows) + "</table>"
+    )
+
+
+def _comparison_section(comparisons: Mapping[str, Mapping[str, Any]]) -> str:
+    """Each paired comparison (``stage.comparisons``): the difference per capability and overall with
+    its paired bootstrap interval, and whether the interval is too wide to conclude."""
+    if not comparisons:
+        return "<p>No paired comparison (the composite, base or champion was not evaluated).</p>"
+    parts = []
+    for title, reg in comparisons.items():
+        rows = [(c, r) for c, r in sorted(reg.get("capabilities", {}).items())]
+        if reg.get("overall"):
+            rows.append(("overall", reg["overall"]))
+        body = "".join(
+            f"<tr><td>{_e(c)}</td><td>{_e(r.get('tasks', 'n/a'))}</td>"
+            f"<td>{_e(format_gain(r.get('delta'), r.get('low'), r.get('high')))}</td>"
+            f'<td class="{_verdict_css(r)}">{_e(verdict(r.get("low"), r.get("high")))}</td></tr>'
+            for c, r in rows
+        )
+        wide = [c for c, r in rows if verdict(r.get("low"), r.get("high")) == "too wide to conclude"]
+        note = (
+            f'<p class="wide">Too few tasks to tell {_e(title)} apart on: {_e(", ".join(wide))}; '
+            "evaluate more test tasks per capability (params.yaml evaluate.limit, or "
+            "<code>traceops evaluate --full</code>) before reading a winner into these numbers.</p>"
+            if wide
+            else ""
+        )
+        parts.append(
+            f"<h3>{_e(title)}</h3><table><tr><th>capability</th><th>paired tasks</th>"
+            f"<th>difference [95% interval]</th><th>verdict</th></tr>{body}</table>{note}"
+        )
+    method = next(iter(comparisons.values())).get("interval") or {}
+    parts.append(
+        f"<p>Intervals: {_e(method.get('method', 'paired bootstrap'))}, "
+        f"{_e(method.get('resamples', 'n/a'))} resamples, seed {_e(method.get('seed', 'n/a'))}.</p>"
+    )
+    return "".join(parts)
+
+
+def _verdict_css(row: Mapping[str, Any]) -> str:
+    return {"better": "pass", "worse": "fail"}.get(verdict(row.get("low"), row.get("high")), "wide")
+
+
 def _summary_table(reports: Mapping[str, EvalReport]) -> str:
     head = (
         "model",
         "model id",
         "success (macro)",
+        "95% interval",
         "success (micro)",
         "pass^k",
         "k",
@@ -123,6 +193,7 @@ def _summary_table(reports: Mapping[str, EvalReport]) -> str:
             name,
             report.model_id,
             _fmt(row["success.overall"]),
+            _ci(row["success.overall.low"], row["success.overall.high"]),
             _fmt(row["success.micro"]),
             _fmt(row["pass_k"]),
             row["k"] if row["k"] is not None else "n/a",
@@ -148,12 +219,14 @@ def _regression_table(reports: Mapping[str, EvalReport]) -> str:
             css = "fail" if delta is not None and delta < 0 else "pass"
             rows.append(
                 f"<tr><td>{_e(name)}</td><td>{_e(capability)}</td><td>{_fmt(row['champion'])}</td>"
-                f'<td>{_fmt(row["candidate"])}</td><td class="{css}">{_fmt(delta)}</td></tr>'
+                f'<td>{_fmt(row["candidate"])}</td><td class="{css}">{_fmt(delta)}</td>'
+                f"<td>{_ci(row.get('low'), row.get('high'))}</td></tr>"
             )
     if not rows:
         return "<p>No champion to compare with.</p>"
     return (
-        "<table><tr><th>model</th><th>capability</th><th>champion</th><th>candidate</th><th>delta</th></tr>"
+        "<table><tr><th>model</th><th>capability</th><th>champion</th><th>candidate</th><th>delta</th>"
+        "<th>95% paired interval</th></tr>"
         + "".join(rows)
         + "</table>"
     )
@@ -166,7 +239,8 @@ def _decision_section(decision: Any) -> str:
     reasons = "".join(f"<li>{_e(r)}</li>" for r in data.get("reasons", []))
     checks = "".join(
         f'<tr><td>{_e(name)}</td><td class="{"pass" if c["passed"] else "fail"}">'
-        f"{'passed' if c['passed'] else 'failed'}</td><td>{_e(_fmt(c.get('value')))}</td>"
+        f"{'passed' if c['passed'] else ('too small to conclude' if c.get('inconclusive') else 'failed')}"
+        f"</td><td>{_e(_fmt(c.get('value')))}</td>"
         f"<td>{_e(_fmt(c.get('threshold')))}</td></tr>"
         for name, c in data.get("checks", {}).items()
     )
@@ -182,12 +256,16 @@ def render_eval_html(
     out: str | Path,
     decision: Any = None,
     title: str = "traceops evaluation",
+    comparisons: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Path:
     """Write the comparison page of ``reports`` (name -> report, in display order) to ``out``.
 
     Charts: success per capability per model (plus the macro overall), and the re-failure and
     repeat-failure rates of the logged failures per model (before: the base model; after: each trained
-    model). ``decision`` (a ``promote.Decision``) adds the promotion verdict, reasons and checks.
+    model). Tables: success with 95% Wilson intervals, and ``comparisons`` (``stage.comparisons``:
+    composite vs champion and vs base on the same tasks) with paired bootstrap intervals, saying where
+    an interval is too wide to conclude. ``decision`` (a ``promote.Decision``) adds the promotion
+    verdict, reasons and checks.
     """
     names = list(reports)
     capabilities = sorted({c for r in reports.values() for c in r.success})
@@ -208,6 +286,10 @@ def render_eval_html(
         grouped_bars(groups, names, success, "success rate per capability"),
         "<h2>Logged failures, replayed</h2>",
         grouped_bars(replay_groups, names, replay, "re-failure and repeat-failure rate (lower is better)"),
+        "<h2>Success with 95% Wilson intervals</h2>",
+        _interval_table(reports, capabilities),
+        "<h2>Paired comparisons on the same tasks</h2>",
+        _comparison_section(comparisons or {}),
         "<h2>Summary</h2>",
         _summary_table(reports),
         "<h2>Regression against the champion</h2>",

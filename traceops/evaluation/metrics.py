@@ -14,6 +14,7 @@ from math import comb
 from typing import Any
 
 from traceops.errors import ConfigError
+from traceops.evaluation.intervals import wilson, wilson_rate
 from traceops.schema import Outcome
 
 
@@ -37,6 +38,10 @@ def pass_hat_k(successes: int, trials: int, k: int) -> float:
 def mean(values: Sequence[float]) -> float | None:
     """The arithmetic mean, or None for no values (absent, never a made-up 0)."""
     return sum(values) / len(values) if values else None
+
+
+def _pair(interval: tuple[float, float] | None) -> list[float] | None:
+    return None if interval is None else [interval[0], interval[1]]
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,16 @@ class CapabilityEval:
         return self.successes / self.episodes if self.episodes else None
 
     @property
+    def success_ci(self) -> tuple[float, float] | None:
+        """95% Wilson interval of ``success`` over the task-trials (with one trial per task, the
+        default, over the tasks)."""
+        return wilson(self.successes, self.episodes)
+
+    def outcomes(self) -> dict[str, list[float]]:
+        """task_id -> 1.0/0.0 per trial: what a paired comparison of two models resamples."""
+        return {t: [1.0 if is_success(x) else 0.0 for x in r] for t, r in self.rewards.items()}
+
+    @property
     def mean_reward(self) -> float | None:
         return mean([x for r in self.rewards.values() for x in r])
 
@@ -89,6 +104,7 @@ class CapabilityEval:
             "n_tasks": self.n_tasks,
             "trials": self.trials,
             "success": self.success,
+            "success_ci": _pair(self.success_ci),
             "mean_reward": self.mean_reward,
             "pass_k": self.pass_k,
         }
@@ -143,6 +159,23 @@ class EnvEval:
         return self.success_on(list(self.capabilities))
 
     @property
+    def success_ci(self) -> dict[str, tuple[float, float] | None]:
+        """95% Wilson interval of each capability's success rate."""
+        return {c: e.success_ci for c, e in sorted(self.capabilities.items())}
+
+    @property
+    def episodes(self) -> int:
+        return sum(e.episodes for e in self.capabilities.values())
+
+    @property
+    def success_overall_ci(self) -> tuple[float, float] | None:
+        """95% Wilson interval around the macro success over every task-trial evaluated. Exact Wilson
+        when each capability has as many tasks (then macro = micro, the nightly case with a task limit);
+        an approximation when split sizes differ."""
+        overall = self.success_overall
+        return None if overall is None else wilson_rate(overall, self.episodes)
+
+    @property
     def success_micro(self) -> float | None:
         episodes = sum(e.episodes for e in self.capabilities.values())
         return sum(e.successes for e in self.capabilities.values()) / episodes if episodes else None
@@ -169,6 +202,7 @@ class EnvEval:
             "capabilities": {c: e.to_dict() for c, e in sorted(self.capabilities.items())},
             "skipped": dict(sorted(self.skipped.items())),
             "success_overall": self.success_overall,
+            "success_overall_ci": _pair(self.success_overall_ci),
             "success_micro": self.success_micro,
             "mean_reward": self.mean_reward,
             "pass_k": self.pass_k,

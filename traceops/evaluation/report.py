@@ -9,17 +9,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from traceops.evaluation.intervals import LEVEL, RESAMPLES, paired_bootstrap, task_differences
 from traceops.evaluation.metrics import EnvEval
 from traceops.evaluation.replay import ReplayEval
 
 
-def regression(candidate: EnvEval, champion: EnvEval | None) -> dict[str, Any]:
-    """Per-capability success deltas (candidate - champion) on the capabilities both were evaluated on.
+def regression(
+    candidate: EnvEval, champion: EnvEval | None, resamples: int = RESAMPLES, seed: int = 0
+) -> dict[str, Any]:
+    """Per-capability success deltas (candidate - champion) on the capabilities both were evaluated on,
+    each with a paired bootstrap 95% interval.
 
     ``overall`` compares macro success over those shared capabilities only, so a capability added
     tonight does not move the comparison; ``new`` and ``missing`` list the others. ``worst`` is the
     largest drop (most negative delta). Without a champion every comparison is None.
+
+    Intervals (``low``, ``high``; ``tasks`` = the task ids both were evaluated on): the per-task
+    success differences are resampled ``resamples`` times (seeded); a capability's interval resamples
+    its tasks, ``overall``'s resamples every capability's tasks within that capability (stratified, so
+    each capability keeps its weight in the macro mean). ``delta`` stays the difference of the two
+    success rates; on the same tasks (how the evaluation stage runs every role) it is also the
+    interval's point estimate. The same function compares a candidate with the base model.
     """
+    interval = {"method": "paired bootstrap over task ids, stratified by capability",
+                "resamples": resamples, "seed": seed, "level": LEVEL}
     if champion is None:
         return {
             "champion_model_id": None,
@@ -29,17 +42,27 @@ def regression(candidate: EnvEval, champion: EnvEval | None) -> dict[str, Any]:
             "missing": [],
             "overall": None,
             "worst": None,
+            "interval": interval,
         }
     shared = sorted(set(candidate.capabilities) & set(champion.capabilities))
-    rows: dict[str, dict[str, float | None]] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    differences: dict[str, list[float]] = {}
     for capability in shared:
-        mine, theirs = candidate.capabilities[capability].success, champion.capabilities[capability].success
+        mine_eval, theirs_eval = candidate.capabilities[capability], champion.capabilities[capability]
+        mine, theirs = mine_eval.success, theirs_eval.success
         delta = mine - theirs if mine is not None and theirs is not None else None
-        rows[capability] = {"candidate": mine, "champion": theirs, "delta": delta}
+        differences[capability] = task_differences(mine_eval.outcomes(), theirs_eval.outcomes())
+        bounds = paired_bootstrap({capability: differences[capability]}, resamples, seed)
+        rows[capability] = {"candidate": mine, "champion": theirs, "delta": delta,
+                            "low": bounds[1] if bounds else None, "high": bounds[2] if bounds else None,
+                            "tasks": len(differences[capability])}
     mine_all, theirs_all = candidate.success_on(shared), champion.success_on(shared)
     overall = None
     if mine_all is not None and theirs_all is not None:
-        overall = {"candidate": mine_all, "champion": theirs_all, "delta": mine_all - theirs_all}
+        bounds = paired_bootstrap(differences, resamples, seed)
+        overall = {"candidate": mine_all, "champion": theirs_all, "delta": mine_all - theirs_all,
+                   "low": bounds[1] if bounds else None, "high": bounds[2] if bounds else None,
+                   "tasks": sum(len(d) for d in differences.values())}
     deltas = [(r["delta"], c) for c, r in rows.items() if r["delta"] is not None]
     worst = None
     if deltas:
@@ -53,6 +76,7 @@ def regression(candidate: EnvEval, champion: EnvEval | None) -> dict[str, Any]:
         "missing": sorted(set(champion.capabilities) - set(candidate.capabilities)),
         "overall": overall,
         "worst": worst,
+        "interval": interval,
     }
 
 
@@ -96,6 +120,9 @@ class EvalReport:
         }
         envs, replay, reg = self.envs, self.replay, self.regression
         out["success.overall"] = envs.success_overall if envs else None
+        overall_ci = envs.success_overall_ci if envs else None
+        out["success.overall.low"] = overall_ci[0] if overall_ci else None
+        out["success.overall.high"] = overall_ci[1] if overall_ci else None
         out["success.micro"] = envs.success_micro if envs else None
         out["mean_reward.overall"] = envs.mean_reward if envs else None
         out["pass_k"] = envs.pass_k if envs else None
@@ -105,6 +132,9 @@ class EvalReport:
         out["capabilities.skipped"] = len(envs.skipped) if envs else None
         for capability, result in sorted((envs.capabilities if envs else {}).items()):
             out[f"success.{capability}"] = result.success
+            ci = result.success_ci
+            out[f"success.{capability}.low"] = ci[0] if ci else None
+            out[f"success.{capability}.high"] = ci[1] if ci else None
             out[f"mean_reward.{capability}"] = result.mean_reward
             out[f"pass_k.{capability}"] = result.pass_k
             out[f"tasks.{capability}"] = result.n_tasks
@@ -117,9 +147,13 @@ class EvalReport:
             out[f"repeat_failure_rate.{capability}"] = row["repeat_failure_rate"]
         if reg is not None:
             out["regression.overall"] = reg["overall"]["delta"] if reg.get("overall") else None
+            out["regression.overall.low"] = reg["overall"].get("low") if reg.get("overall") else None
+            out["regression.overall.high"] = reg["overall"].get("high") if reg.get("overall") else None
             out["regression.worst"] = reg["worst"]["delta"] if reg.get("worst") else None
             for capability, row in sorted(reg.get("capabilities", {}).items()):
                 out[f"regression.{capability}"] = row["delta"]
+                out[f"regression.{capability}.low"] = row.get("low")
+                out[f"regression.{capability}.high"] = row.get("high")
         return out
 
     def metrics(self) -> dict[str, float]:

@@ -249,3 +249,20 @@ def evaluate_roles(
             if role not in (CHAMPION, BASE) and report.envs is not None:
                 reports[role] = replace(report, regression=regression(report.envs, champion.envs))
     return reports, seconds
+
+
+def comparisons(
+    reports: Mapping[str, EvalReport],
+    candidate: str = COMPOSITE,
+    references: Sequence[str] = (CHAMPION, BASE),
+) -> dict[str, dict[str, Any]]:
+    """The paired comparisons of ``candidate`` with each reference role evaluated tonight, keyed
+    ``"<candidate> vs <reference>"``: ``regression()`` of the two (per-capability and overall deltas
+    with paired bootstrap 95% intervals). Roles missing an environment evaluation are left out."""
+    mine = reports.get(candidate)
+    out: dict[str, dict[str, Any]] = {}
+    for reference in references:
+        theirs = reports.get(reference)
+        if mine is not None and mine.envs is not None and theirs is not None and theirs.envs is not None:
+            out[f"{candidate} vs {reference}"] = regression(mine.envs, theirs.envs)
+    return out
