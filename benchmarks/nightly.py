@@ -1,11 +1,12 @@
-"""Benchmark: a full night and a no-change rerun of `traceops run`, and the orchestration overhead share.
+"""Benchmark: a full night and a no-change rerun of `traceops run`, in reference steps and seconds.
 
-Runs the real CLI twice in a fresh temporary home with the project's params.yaml over the bundled sample
-logs (what `make run` does). The baseline is the stages' own computation in the same run: every stage
-task logs ``work_seconds`` (the library call alone) to its MLflow run; the overhead share is
-``1 - sum(work_seconds) / wall`` of the first night, where wall is the whole process (imports, Prefect's
-local server, MLflow, DVC, caching). Target: overhead <= 10% of the full run; rerun <= 60 s.
-Prints a table, then one JSON object as its last line.
+First times the reference step (one LoRA r=16 SFT step of the embedded model at batch 4 x 256, median of 3;
+``traceops.train.reference_step``) on this machine, then runs the real CLI twice in a fresh temporary home
+with the project's params.yaml over the bundled sample logs (what `make run` does). Every time is reported
+in seconds and in reference steps, since machines differ by up to 4x. Targets (issue: a first night in 15
+minutes on a laptop): first night <= 300 reference steps, no-change rerun <= 20. Also the orchestration
+overhead share, ``1 - sum(work_seconds) / wall`` of the first night (every stage task logs its library
+call's ``work_seconds`` to its MLflow run). Prints a table, then one JSON object as its last line.
 
     .venv/bin/python benchmarks/nightly.py [--logs data/raw] [--budget small]
 """
@@ -66,6 +67,10 @@ def main() -> None:
     parser.add_argument("--budget", default=None, help="override params.yaml train.budget (e.g. tiny)")
     args = parser.parse_args()
 
+    from traceops.model.embedded import embedded_model_dir
+    from traceops.train.reference_step import time_reference_step
+
+    reference = time_reference_step(embedded_model_dir())
     home = Path(tempfile.mkdtemp(prefix="traceops-bench-nightly-"))
     try:
         params = (ROOT / "params.yaml").read_text()
@@ -79,17 +84,23 @@ def main() -> None:
         shutil.rmtree(home, ignore_errors=True)
     total_work = sum(work.values())
     overhead = 1.0 - total_work / first_wall
-    print(f"{'':28}{'seconds':>10}")
-    print(f"{'full night (wall)':28}{first_wall:10.1f}")
+    steps = reference.steps
+    print(f"reference step: {reference.seconds:.2f} s (median of {len(reference.samples)}; one LoRA r=16 "
+          f"SFT step of the embedded model at batch {reference.batch} x {reference.sequence})")
+    print(f"{'':28}{'seconds':>10}{'ref steps':>11}")
+    print(f"{'full night (wall)':28}{first_wall:10.1f}{steps(first_wall):11.1f}   target <= 300")
     for stage, secs in first["seconds"].items():
-        print(f"  stage {stage:20}{secs:10.1f}   work {work.get(stage, 0.0):7.1f}")
-    print(f"{'no-change rerun (wall)':28}{second_wall:10.1f}")
-    print(f"{'stage work (sum)':28}{total_work:10.1f}")
+        print(f"  stage {stage:20}{secs:10.1f}{steps(secs):11.1f}   work {work.get(stage, 0.0):7.1f} s")
+    print(f"{'no-change rerun (wall)':28}{second_wall:10.1f}{steps(second_wall):11.1f}   target <= 20")
+    print(f"{'stage work (sum)':28}{total_work:10.1f}{steps(total_work):11.1f}")
     print(f"orchestration overhead share: {overhead:.1%} (target <= 10%)")
-    print(json.dumps({"full_run_s": round(first_wall, 1), "rerun_s": round(second_wall, 1),
+    print(json.dumps({"reference_step_s": round(reference.seconds, 3),
+                      "full_run_s": round(first_wall, 1), "full_run_steps": round(steps(first_wall), 1),
+                      "rerun_s": round(second_wall, 1), "rerun_steps": round(steps(second_wall), 1),
                       "work_s": round(total_work, 1), "overhead_share": round(overhead, 4),
-                      "stage_seconds": first["seconds"], "work_seconds": work,
-                      "promoted": first["promoted"],
+                      "stage_seconds": first["seconds"],
+                      "stage_steps": {k: round(steps(v), 1) for k, v in first["seconds"].items()},
+                      "work_seconds": work, "promoted": first["promoted"],
                       "rerun_same_champion": second["champion"] == first["champion"]}))
 
 
