@@ -76,7 +76,8 @@ def train_flow(home: str | None = None, capabilities: list[str] | None = None, b
     lineage = dict(lineage or current_lineage(settings.paths, base_model))
     calls = [{"key": adapter_key(settings, c, effective, base_ref, seed), "capability": c, "home": home,
               "budget": budget, "base_model": base_model, "lineage": lineage,
-              "parent_run_id": parent_run_id, "seed": seed, "budget_overrides": overrides} for c in chosen]
+              "parent_run_id": parent_run_id, "seed": seed, "budget_overrides": overrides,
+              "position": f"{i}/{len(chosen)}"} for i, c in enumerate(chosen, start=1)]
     runner = _train_adapters.with_options(task_runner=task_runner(settings))
     adapters = runner(calls, home)
     generic_result = None

@@ -25,6 +25,7 @@ from traceops.errors import ConfigError
 from traceops.hashing import folder_hash
 from traceops.lineage import current_lineage
 from traceops.model.reference import resolve_base_model
+from traceops.progress import StepProgress
 from traceops.results import AdapterResult, GenericResult
 from traceops.tags import TAG_ADAPTER_HASH, TAG_CAPABILITY, TAG_REGISTERED_VERSION, TAG_ROLE, TAG_TRAIN_KEY
 from traceops.tasks.cache import CACHED
@@ -76,14 +77,45 @@ def _register_adapter(paths: config.Paths, folder: Path, capability: str, lineag
             "reused": str(reused).lower()}
 
 
-def _log_curves(result: Any) -> None:
-    """SFT loss and GRPO reward per step, success before/after, dropped groups and timings."""
+# Per phase: the trainer's log key of the curve and the MLflow metric it is logged as (one per step).
+_CURVES = {"sft": ("loss", "sft_loss"), "grpo": ("reward", "grpo_reward")}
+
+
+def _streamer(label: str, totals: dict[str, int]) -> tuple[Any, set[tuple[str, int]]]:
+    """The library's ``on_log`` for one training run: each step's loss or reward goes to the active MLflow
+    run as it comes, and a progress line to the console. Returns it and the (phase, step) pairs it logged."""
     import mlflow
 
-    for step, loss in enumerate(result.sft_losses, start=1):
-        mlflow.log_metric("sft_loss", loss, step=step)
-    for step, reward in enumerate(result.grpo_rewards, start=1):
-        mlflow.log_metric("grpo_reward", reward, step=step)
+    progress = StepProgress(label, totals)
+    logged: set[tuple[str, int]] = set()
+
+    def on_log(phase: str, step: int, logs: dict[str, float]) -> None:
+        key, metric = _CURVES.get(phase, (None, None))
+        if key in logs and "train_loss" not in logs:  # train_loss: the trainer's closing summary line
+            mlflow.log_metric(metric, logs[key], step=step)
+            logged.add((phase, step))
+            progress.update(phase, step)
+
+    return on_log, logged
+
+
+def _log_curve(phase: str, values: list[float], logged: set[tuple[str, int]]) -> None:
+    """The steps of a curve that were not streamed (those of a killed attempt this run resumed)."""
+    import mlflow
+
+    metric = _CURVES[phase][1]
+    for step, value in enumerate(values, start=1):
+        if (phase, step) not in logged:
+            mlflow.log_metric(metric, value, step=step)
+
+
+def _log_curves(result: Any, logged: set[tuple[str, int]]) -> None:
+    """SFT loss and GRPO reward per step (the steps not streamed), success before/after, dropped groups
+    and timings."""
+    import mlflow
+
+    _log_curve("sft", result.sft_losses, logged)
+    _log_curve("grpo", result.grpo_rewards, logged)
     metrics = {"dropped_constant_groups": result.dropped_constant_groups, "grpo_groups": result.total_groups,
                "grpo_skipped_updates": result.skipped_updates}
     for split in ("val", "test"):
@@ -124,11 +156,13 @@ def generic_outputs_exist(result: GenericResult) -> bool:
 def train_task(key: str, capability: str, home: str | None = None, budget: str = "small",
                base_model: str = "embedded", lineage: dict[str, str] | None = None,
                parent_run_id: str | None = None, seed: int = 0,
-               budget_overrides: dict[str, Any] | None = None) -> AdapterResult:
+               budget_overrides: dict[str, Any] | None = None, position: str = "") -> AdapterResult:
     """Train, track and register one capability's adapter; resumes a killed attempt from its checkpoint.
 
     ``key`` (the capability's environments folder hash, budget, base model, seed) is the cache key, so
-    new logs that change one capability's environments retrain only that adapter.
+    new logs that change one capability's environments retrain only that adapter. Each step's loss or
+    reward streams to the MLflow run and a progress line to the console; ``position`` ("2/5": this
+    capability of the night's) labels it.
     """
     import mlflow
 
@@ -149,10 +183,12 @@ def train_task(key: str, capability: str, home: str | None = None, budget: str =
         mlflow.set_tags({TAG_CAPABILITY: capability, TAG_TRAIN_KEY: key, TAG_ROLE: "adapter",
                          **{k: v for k, v in lineage.items() if v}})
         abandoned = registry.kill_running_runs(paths, "train", (TAG_TRAIN_KEY, key), keep=run_id)
+        on_log, logged = _streamer(f"train {capability}{f' ({position})' if position else ''}",
+                                   {"sft": chosen.sft_steps, "grpo": chosen.grpo_steps})
         with work_timer():
             result = train_adapter(capability, envs, base_dir, work_dir(paths, capability), chosen, seed=seed,
-                                   resume=True)
-        _log_curves(result)
+                                   resume=True, on_log=on_log)
+        _log_curves(result, logged)
         log_json({**result.config, "resumed_from": result.resumed_from,
                   "abandoned_runs": abandoned}, "train/config.json")
         folder = _publish(Path(result.adapter_path), adapter_dir(paths, capability))
@@ -182,7 +218,7 @@ def train_generic_task(key: str, capabilities: list[str], home: str | None = Non
     models/generic and log it as an MLflow run; it is an evaluation baseline, never registered."""
     import mlflow
 
-    from traceops.train.generic import train_generic
+    from traceops.train.generic import generic_budget, train_generic
 
     settings = config.load(home)
     paths = settings.paths
@@ -197,13 +233,14 @@ def train_generic_task(key: str, capabilities: list[str], home: str | None = Non
     with stage_run(settings, "train", parent_run_id, params=params) as run:
         mlflow.set_tags({TAG_ROLE: "generic", TAG_TRAIN_KEY: key})
         registry.kill_running_runs(paths, "train", (TAG_TRAIN_KEY, key), keep=run.info.run_id)
+        on_log, logged = _streamer("train generic LoRA",
+                                   {"sft": generic_budget(chosen, len(capabilities)).sft_steps})
         with work_timer():
             # Not evaluated here: the evaluate stage scores it on every test split.
             result = train_generic({c: paths.environments / c for c in capabilities}, base_dir,
                                    paths.models / "checkpoints" / "_generic", chosen, seed=seed, resume=True,
-                                   evaluate=False)
-        for step, loss in enumerate(result.sft_losses, start=1):
-            mlflow.log_metric("sft_loss", loss, step=step)
+                                   evaluate=False, on_log=on_log)
+        _log_curve("sft", result.sft_losses, logged)
         mlflow.log_metrics({**{f"val_success_after.{c}": v["success"] for c, v in result.val_after.items()},
                             **{f"seconds.{k}": v for k, v in result.timings.items()}})
         mlflow.log_param("generic.sft_steps", result.config["budget"]["sft_steps"])

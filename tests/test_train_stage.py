@@ -62,11 +62,17 @@ def flow_process(home: Path, capabilities: list[str] | None = None, generic: boo
                             stderr=subprocess.PIPE, text=True)
 
 
-def run_flow(home: Path, capabilities: list[str] | None = None, generic: bool = True) -> TrainResult:
+def run_flow_logged(home: Path, capabilities: list[str] | None = None,
+                    generic: bool = True) -> tuple[TrainResult, str]:
+    """The train flow's result and what it printed on stderr."""
     proc = flow_process(home, capabilities, generic)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-4000:]
-    return TrainResult.model_validate_json(out.strip().splitlines()[-1])
+    return TrainResult.model_validate_json(out.strip().splitlines()[-1]), err
+
+
+def run_flow(home: Path, capabilities: list[str] | None = None, generic: bool = True) -> TrainResult:
+    return run_flow_logged(home, capabilities, generic)[0]
 
 
 def by_cap(result: TrainResult) -> dict[str, AdapterResult]:
@@ -108,9 +114,13 @@ def test_train_flow_tracks_registers_caches_retrains_changed_and_resumes(train_h
     home = train_home
     client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
 
-    first = run_flow(home)
+    first, printed = run_flow_logged(home)
     rows = by_cap(first)
     assert sorted(rows) == CAPS
+    # Progress on the console while it trains: capability i of n, step s of S, elapsed.
+    for i, cap in enumerate(CAPS, start=1):
+        assert f"train {cap} ({i}/{len(CAPS)}): sft step 2/2, elapsed " in printed
+    assert f"train generic LoRA: sft step {2 * len(CAPS)}/{2 * len(CAPS)}, elapsed " in printed
     env_version = versioning.data_version(home, "data/environments")
     for cap, row in rows.items():
         assert row.model_name == f"traceops.adapter.{cap}" and row.model_version == "1"
