@@ -120,11 +120,12 @@ def _weights_id(spec: RoleSpec) -> Any:
 def evaluate_flow(home: str | None = None, base_model: str = "embedded",
                   adapters: list[AdapterResult] | dict[str, str] | None = None,
                   generic: GenericResult | str | None = None, composite: RouteResult | str | None = None,
-                  parent_run_id: str | None = None) -> EvalResult:
+                  parent_run_id: str | None = None, full: bool = False) -> EvalResult:
     """Evaluate base, adapters, generic LoRA, composite and champion (see the module docstring).
 
     ``adapters``: the train stage's results or a mapping capability -> adapter folder; ``generic`` and
-    ``composite``: the train and route stages' results or a folder."""
+    ``composite``: the train and route stages' results or a folder; ``full``: every test task of each
+    split instead of ``evaluate.limit`` (``traceops evaluate --full``)."""
     settings = config.load(home)
     registry.configure(settings.paths)
     specs = [RoleSpec(BASE, "base"), *adapter_roles(settings, adapters)]
@@ -142,7 +143,7 @@ def evaluate_flow(home: str | None = None, base_model: str = "embedded",
         [(s.as_dict(), _weights_id(s)) for s in specs if s.kind != "base"],
         env_version or (folder_hash(paths.environments) if has_envs else None),
         file_hash(attributions) if attributions.is_file() else None,
-        EvalParams.from_params(settings.stage("evaluate")).as_dict(),
+        EvalParams.from_params(settings.stage("evaluate"), full=full).as_dict(),
     )
     return run_cached(evaluate_task, evaluation_outputs_exist, key=key, roles=[s.as_dict() for s in specs],
-                      base_model=base_model, home=home, parent_run_id=parent_run_id)
+                      base_model=base_model, home=home, parent_run_id=parent_run_id, full=full)

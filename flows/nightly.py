@@ -17,6 +17,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from traceops import config, registry, versioning
 from traceops.errors import StageError
+from traceops.evaluation.intervals import format_gain, format_rate, verdict
 from traceops.flows.diagnose import diagnose_flow
 from traceops.flows.evaluate import evaluate_flow
 from traceops.flows.promote import promote_flow
@@ -24,7 +25,7 @@ from traceops.flows.route import route_flow
 from traceops.flows.synthesize import synthesize_flow
 from traceops.flows.train import train_flow
 from traceops.lineage import current_lineage
-from traceops.results import NightResult, VersionRef
+from traceops.results import Comparison, NightResult, VersionRef
 from traceops.tags import TAG_DATA_VERSION, TAG_ENV_VERSION, TAG_PROMOTED
 from traceops.tasks.ingest import ingest_task
 
@@ -44,14 +45,16 @@ def _timed(seconds: dict[str, float], stage: str, call: Any, **kwargs: Any) -> A
         seconds[stage] = round(time.perf_counter() - started, 2)
 
 
-def _fmt(value: float | None) -> str:
-    """A rate as a percentage, or '-' when it was not measured."""
-    return "-" if value is None else f"{100 * value:.0f}%"
+def _fmt(value: float | None, interval: list[float] | None = None) -> str:
+    """A rate as a percentage with its 95% interval when there is one (``60% [41-77]``), or '-' when it
+    was not measured."""
+    return format_rate(value, interval)
 
 
 def capability_rows(result: NightResult) -> list[dict[str, Any]]:
     """Per selected capability: coverage and delta from the diagnosis, success of the base model, of the
-    capability's own adapter and of the composite on its held-out split."""
+    capability's own adapter and of the composite on its held-out split, each with its 95% Wilson
+    interval (``<column>_ci``)."""
     if result.diagnose is None:
         return []
     models = result.evaluate.models if result.evaluate is not None else {}
@@ -60,11 +63,32 @@ def capability_rows(result: NightResult) -> list[dict[str, Any]]:
         summary = models.get(role)
         return summary.success.get(capability) if summary is not None else None
 
-    return [{"capability": row.capability, "coverage": row.coverage, "delta": row.delta,
-             "base": success("base", row.capability),
-             "adapter": success(f"adapter:{row.capability}", row.capability),
-             "composite": success("composite", row.capability)}
-            for row in result.diagnose.selected]
+    def interval(role: str, capability: str) -> list[float] | None:
+        summary = models.get(role)
+        return summary.success_ci.get(capability) if summary is not None else None
+
+    rows = []
+    for row in result.diagnose.selected:
+        roles = {"base": "base", "adapter": f"adapter:{row.capability}", "composite": "composite"}
+        rows.append({"capability": row.capability, "coverage": row.coverage, "delta": row.delta,
+                     **{column: success(role, row.capability) for column, role in roles.items()},
+                     **{f"{column}_ci": interval(role, row.capability) for column, role in roles.items()}})
+    return rows
+
+
+def comparison_lines(comparisons: dict[str, Comparison]) -> list[str]:
+    """One line per paired comparison (composite vs champion, vs base): the overall gain on the same
+    tasks with its paired bootstrap 95% interval, and what the interval allows one to conclude."""
+    lines = []
+    for name, comparison in comparisons.items():
+        row = comparison.overall
+        if row is None:
+            continue
+        said = verdict(row.low, row.high)
+        if said == "too wide to conclude":
+            said = f"too wide to conclude on {row.tasks} paired tasks; evaluate more tasks (`--full`)"
+        lines.append(f"Paired {name}: {format_gain(row.delta, row.low, row.high)} ({said}).")
+    return lines
 
 
 def night_summary_markdown(result: NightResult) -> str:
@@ -80,7 +104,10 @@ def night_summary_markdown(result: NightResult) -> str:
               "|---|---|---|---|---|---|"]
     for row in capability_rows(result):
         lines.append(f"| {row['capability']} | {row['coverage']:.2f} | {row['delta']:.2f} | "
-                     f"{_fmt(row['base'])} | {_fmt(row['adapter'])} | {_fmt(row['composite'])} |")
+                     f"{_fmt(row['base'], row['base_ci'])} | {_fmt(row['adapter'], row['adapter_ci'])} | "
+                     f"{_fmt(row['composite'], row['composite_ci'])} |")
+    if result.evaluate is not None:
+        lines += ["", "Success rates with their 95% Wilson intervals."]
     synth = result.synthesize
     if synth is not None:
         lines += ["", f"Environments: env_version `{synth.env_version}`."]
@@ -89,9 +116,10 @@ def night_summary_markdown(result: NightResult) -> str:
     if models:
         before = models["base"].repeat_failure_rate if "base" in models else None
         after = models["composite"].repeat_failure_rate if "composite" in models else None
-        overall = {role: m.success_overall for role, m in models.items()}
+        overall = {role: _fmt(m.success_overall, m.success_overall_ci) for role, m in models.items()}
         lines += ["", f"Repeat-failure rate: before {_fmt(before)}, after {_fmt(after)}.",
-                  "Overall success: " + ", ".join(f"{r} {_fmt(v)}" for r, v in sorted(overall.items())) + "."]
+                  "Overall success: " + ", ".join(f"{r} {v}" for r, v in sorted(overall.items())) + "."]
+        lines += comparison_lines(result.evaluate.comparisons)
     promote = result.promote
     if promote is not None:
         champion = promote.champion or VersionRef(name="-", version="-")

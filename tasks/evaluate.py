@@ -14,9 +14,9 @@ from traceops.evaluation.envs import list_capabilities
 from traceops.evaluation.html import render_eval_html
 from traceops.evaluation.replay import logged_failures
 from traceops.evaluation.report import EvalReport, write_reports
-from traceops.evaluation.stage import EvalParams, RoleSpec, evaluate_roles
+from traceops.evaluation.stage import EvalParams, RoleSpec, comparisons, evaluate_roles
 from traceops.model.reference import resolve_base_model
-from traceops.results import EvalResult, ReplaySummary, RoleSummary
+from traceops.results import Comparison, EvalResult, PairedDifference, ReplaySummary, RoleSummary
 from traceops.tasks.cache import CACHED
 from traceops.tasks.retry import retry_unless_user_error
 from traceops.tasks.tracking import stage_run
@@ -36,7 +36,7 @@ def metric_prefix(role: str) -> str:
 
 def role_summary(report: EvalReport, spec: RoleSpec, seconds: float) -> RoleSummary:
     """The summary of one role the flow returns: where the model came from and its numbers."""
-    row = report.to_dict()
+    row, envs = report.to_dict(), report.envs
     return RoleSummary(
         kind=spec.kind,
         ref=spec.ref,
@@ -53,25 +53,43 @@ def role_summary(report: EvalReport, spec: RoleSpec, seconds: float) -> RoleSumm
         replayed=row["replay.replayed"],
         regression_overall=row.get("regression.overall"),
         seconds=seconds,
+        success_ci={c: None if ci is None else list(ci) for c, ci in envs.success_ci.items()} if envs else {},
+        success_overall_ci=None if envs is None or envs.success_overall_ci is None
+        else list(envs.success_overall_ci),
+        tasks={c: e.n_tasks for c, e in sorted(envs.capabilities.items())} if envs else {},
     )
+
+
+def comparison(reg: dict[str, Any]) -> Comparison:
+    """A ``regression()`` dict as the typed paired comparison the flow returns."""
+
+    def paired(row: dict[str, Any]) -> PairedDifference:
+        return PairedDifference(delta=row["delta"], low=row.get("low"), high=row.get("high"),
+                                tasks=int(row.get("tasks") or 0))
+
+    return Comparison(overall=paired(reg["overall"]) if reg.get("overall") else None,
+                      capabilities={c: paired(r) for c, r in reg["capabilities"].items()},
+                      resamples=int(reg["interval"]["resamples"]), seed=int(reg["interval"]["seed"]))
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
       **CACHED)
 def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embedded",
-                  home: str | None = None, parent_run_id: str | None = None) -> EvalResult:
+                  home: str | None = None, parent_run_id: str | None = None,
+                  full: bool = False) -> EvalResult:
     """Evaluate every role (``RoleSpec`` dicts) on the test split of every environment and on the
     replay of the logged failures; write ``eval.json`` and ``report.html`` under ``paths.eval``.
 
     ``key`` (model versions + environments + attributions + parameters) is the cache key: an
-    unchanged night is not evaluated twice.
+    unchanged night is not evaluated twice. ``full``: every test task (the whole split), whatever
+    ``evaluate.limit`` says.
     """
     import mlflow
     from prefect import get_run_logger
 
     settings = config.load(home)
     paths = settings.paths
-    params = EvalParams.from_params(settings.stage("evaluate"))
+    params = EvalParams.from_params(settings.stage("evaluate"), full=full)
     specs = [RoleSpec.from_dict(r) for r in roles]
     if not specs:
         raise StageError("evaluate: no model to evaluate; train adapters and route them first")
@@ -100,9 +118,11 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
             "roles": {s.role: s.as_dict() for s in specs},
             "seconds": seconds,
             "mlflow_run": run.info.run_id,
+            "comparisons": comparisons(reports),
         }
         eval_json = write_reports(reports, paths.eval / EVAL_JSON, meta)
-        report_path = render_eval_html(reports, paths.eval / REPORT_HTML, title="traceops evaluation")
+        report_path = render_eval_html(reports, paths.eval / REPORT_HTML, title="traceops evaluation",
+                                       comparisons=meta["comparisons"])
         for role, report in reports.items():
             mlflow.log_metrics({f"{metric_prefix(role)}.{name}": value
                                 for name, value in report.metrics().items()})
@@ -118,4 +138,5 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
         capabilities=capabilities,
         replay=ReplaySummary(**meta["replay"]),
         seconds=seconds,
+        comparisons={name: comparison(reg) for name, reg in meta["comparisons"].items()},
     )

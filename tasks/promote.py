@@ -12,7 +12,7 @@ from traceops import config, registry
 from traceops.errors import StageError
 from traceops.evaluation.html import render_eval_html
 from traceops.evaluation.report import read_reports
-from traceops.evaluation.stage import BASE, CHAMPION, COMPOSITE
+from traceops.evaluation.stage import BASE, CHAMPION, COMPOSITE, comparisons
 from traceops.promote import Gates, decide
 from traceops.results import PromoteResult, VersionRef
 from traceops.tags import TAG_CANDIDATE, TAG_DECISION
@@ -86,12 +86,14 @@ def promote_task(eval_json: str, version: str | None = None, home: str | None = 
                 mlflow_run=run.info.run_id,
             )
             report = render_eval_html(reports, Path(eval_json).with_name("report.html"), decision=decision,
-                                      title="traceops evaluation and promotion")
+                                      title="traceops evaluation and promotion",
+                                      comparisons=comparisons(reports))
             mlflow.log_artifact(str(report), "evaluation")
             for check, row in decision.checks.items():
                 mlflow.log_metric(f"check.{check}.passed", float(bool(row["passed"])))
-                if isinstance(row.get("value"), (int, float)):
-                    mlflow.log_metric(f"check.{check}.value", float(row["value"]))
+                for field in ("value", "low", "high"):
+                    if isinstance(row.get(field), (int, float)) and not isinstance(row[field], bool):
+                        mlflow.log_metric(f"check.{check}.{field}", float(row[field]))
         mlflow.log_metric("promoted", float(result.promoted))
         mlflow.set_tag(TAG_DECISION, result.alias)
         mlflow.set_tag(TAG_CANDIDATE, f"{name}/{version}")

@@ -126,6 +126,16 @@ def test_evaluate_flow_evaluates_every_role_and_logs_it(eval_home: dict) -> None
         replayed = role in ("base", "composite", "champion")
         assert (f"{role}.repeat_failure_rate" in metrics) == replayed
     assert "composite.regression.overall" in metrics and "stage_seconds" in metrics
+    # Intervals: Wilson per rate, paired bootstrap per comparison on the same tasks (eval.json too).
+    assert "composite.success.overall.low" in metrics and "composite.regression.overall.low" in metrics
+    assert set(result.models["composite"].success_ci) == set(CAPS)
+    assert result.models["composite"].tasks == {c: 1 for c in CAPS}
+    assert set(result.comparisons) == {"composite vs champion", "composite vs base"}
+    assert set(meta["comparisons"]) == set(result.comparisons)
+    versus_base = result.comparisons["composite vs base"].overall
+    assert versus_base is not None and versus_base.tasks == len(CAPS)
+    assert versus_base.low <= versus_base.delta <= versus_base.high
+    assert "Paired comparisons on the same tasks" in page
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
     assert artifacts == {"evaluation/eval.json", "evaluation/report.html"}
 
@@ -135,11 +145,15 @@ def test_evaluate_flow_evaluates_every_role_and_logs_it(eval_home: dict) -> None
     Path(result.eval_json).unlink()
     again = evaluate_flow(**kwargs)
     assert again.mlflow_run != result.mlflow_run and Path(again.eval_json).is_file()
+    # --full: every test task of each split (3 here), whatever evaluate.limit says; another cache key.
+    full = evaluate_flow(**kwargs, full=True)
+    assert full.mlflow_run != again.mlflow_run and full.models["base"].tasks == {c: 3 for c in CAPS}
 
 
 def test_eval_params_and_the_own_capability_cut() -> None:
     params = EvalParams.from_params({"limit": None, "adapters_on": "own"})
     assert params.limit is None and params.k == 1 and params.max_new_tokens == 96
+    assert EvalParams().limit == 16 and EvalParams.from_params({"limit": 4}, full=True).limit is None
     adapter = RoleSpec("adapter:x", "adapter", "/a", None, "x")
     assert role_capabilities(adapter, ["w", "x"], params) == ["x"]
     assert role_capabilities(RoleSpec("composite", "composite", "/c"), ["w", "x"], params) == ["w", "x"]

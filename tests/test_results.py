@@ -10,12 +10,14 @@ from pydantic import ValidationError
 
 from traceops.results import (
     AdapterResult,
+    Comparison,
     DiagnoseResult,
     EnvironmentSummary,
     EvalResult,
     GenericResult,
     IngestResult,
     NightResult,
+    PairedDifference,
     PromoteResult,
     ReplaySummary,
     RoleSummary,
@@ -60,7 +62,9 @@ def role(kind: str, success: float, repeats: float | None) -> RoleSummary:
     return RoleSummary(
         kind=kind, ref=None, path=None, capability=None, model_id=f"m-{kind}", weights_hash=None,
         success={"tool_call_format": success}, success_overall=success, pass_k=success, mean_reward=success,
-        repeat_failure_rate=repeats, refailure_rate=repeats, replayed=2, regression_overall=None, seconds=3.0)
+        repeat_failure_rate=repeats, refailure_rate=repeats, replayed=2, regression_overall=None, seconds=3.0,
+        success_ci={"tool_call_format": [success / 2, (1 + success) / 2]},
+        success_overall_ci=[success / 2, (1 + success) / 2], tasks={"tool_call_format": 4})
 
 
 EVALUATE = EvalResult(
@@ -69,7 +73,11 @@ EVALUATE = EvalResult(
     report_path="/h/data/eval/report.html", eval_json="/h/data/eval/eval.json", mlflow_run="r-eval",
     capabilities=["tool_call_format"], replay=ReplaySummary(domain="retail", failed=2,
                                                            failed_by_domain={"retail": 2}),
-    seconds={"base": 3.0})
+    seconds={"base": 3.0},
+    comparisons={"composite vs base": Comparison(
+        overall=PairedDifference(delta=0.5, low=0.0, high=1.0, tasks=4),
+        capabilities={"tool_call_format": PairedDifference(delta=0.5, low=0.0, high=1.0, tasks=4)},
+        resamples=2000, seed=0)})
 COMPOSITE = VersionRef(name="traceops.composite", version="1")
 PROMOTE = PromoteResult(
     promoted=True, changed=True, alias="champion", champion=COMPOSITE, reasons=["first night: beats base."],
@@ -104,7 +112,9 @@ def test_the_nightly_summaries_read_the_typed_results() -> None:
     from traceops.flows.nightly import capability_rows, json_summary, night_summary_markdown
 
     assert capability_rows(NIGHT) == [{"capability": "tool_call_format", "coverage": 0.5, "delta": 0.25,
-                                       "base": 0.25, "adapter": 0.5, "composite": 0.75}]
+                                       "base": 0.25, "adapter": 0.5, "composite": 0.75,
+                                       "base_ci": [0.125, 0.625], "adapter_ci": [0.25, 0.75],
+                                       "composite_ci": [0.375, 0.875]}]
     summary = json_summary(NIGHT)
     assert list(summary) == ["promoted", "champion", "nothing_to_do", "seconds", "data_version",
                              "env_version", "selected", "capabilities", "composite", "report", "mlflow_run"]
@@ -113,7 +123,10 @@ def test_the_nightly_summaries_read_the_typed_results() -> None:
     assert summary["report"] == "/h/data/eval/report.html" and summary["selected"] == ["tool_call_format"]
     json.dumps(summary)  # the CLI prints it as one JSON line
     markdown = night_summary_markdown(NIGHT)
-    assert "| tool_call_format | 0.50 | 0.25 | 25% | 50% | 75% |" in markdown
+    assert "| tool_call_format | 0.50 | 0.25 | 25% [12-62] | 50% [25-75] | 75% [38-88] |" in markdown
+    assert "Overall success: adapter:tool_call_format 50% [25-75], base 25% [12-62]" in markdown
+    assert ("Paired composite vs base: +50 pts [+0, +100] (too wide to conclude on 4 paired tasks; "
+            "evaluate more tasks (`--full`)).") in markdown
     assert "Repeat-failure rate: before 100%, after 50%." in markdown
     assert "version 1: promoted to champion. Champion: traceops.composite version 1." in markdown
     assert "- no environments for vision: no family covers it" in markdown

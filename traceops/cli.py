@@ -227,12 +227,14 @@ def route(
 
 @app.command()
 def evaluate(
+    full: bool = typer.Option(False, "--full", help="Every test task of each split (default: "
+                              "params.yaml's evaluate.limit per capability)."),
     home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Evaluate base, adapters, generic LoRA, composite and champion on the held-out splits and replays."""
     try:
-        result = _stage_flow(home, "traceops.flows.evaluate", "evaluate_flow")
+        result = _stage_flow(home, "traceops.flows.evaluate", "evaluate_flow", full=full)
     except TraceopsError as exc:
         fail(exc, as_json)
         return

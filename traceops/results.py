@@ -156,6 +156,10 @@ class RoleSummary(_Result):
     replayed: int | None
     regression_overall: float | None
     seconds: float
+    # 95% Wilson intervals [low, high] and test tasks per capability (defaults: results cached before)
+    success_ci: dict[str, list[float] | None] = {}
+    success_overall_ci: list[float] | None = None
+    tasks: dict[str, int] = {}
 
 
 class ReplaySummary(_Result):
@@ -164,6 +168,25 @@ class ReplaySummary(_Result):
     domain: str | None
     failed: int
     failed_by_domain: dict[str, int]
+
+
+class PairedDifference(_Result):
+    """A difference of success rates (candidate - reference) on the tasks both were evaluated on, with
+    its paired bootstrap 95% interval."""
+
+    delta: float | None
+    low: float | None
+    high: float | None
+    tasks: int
+
+
+class Comparison(_Result):
+    """One paired comparison (composite vs champion, composite vs base): per capability and overall."""
+
+    overall: PairedDifference | None
+    capabilities: dict[str, PairedDifference]
+    resamples: int
+    seed: int
 
 
 class EvalResult(_Result):
@@ -176,6 +199,7 @@ class EvalResult(_Result):
     capabilities: list[str]
     replay: ReplaySummary
     seconds: dict[str, float]  # role -> seconds
+    comparisons: dict[str, Comparison] = {}  # "composite vs champion" / "composite vs base" -> paired
 
 
 class PromoteResult(_Result):

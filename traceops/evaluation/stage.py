@@ -39,7 +39,9 @@ class EvalParams:
     """Settings of the evaluation stage (``params.yaml`` section ``evaluate``; defaults are the CPU
     nightly's).
 
-    ``limit`` test tasks per capability (None: the whole split); ``k`` for pass^k with ``trials``
+    ``limit`` test tasks per capability (None: the whole split; 16 by default, the fewest for a success
+    rate's 95% interval to be narrower than about +-0.25 and for paired comparisons to conclude
+    anything); ``k`` for pass^k with ``trials``
     (default ``k``) trials per task; ``max_turns`` assistant turns per episode (the longest oracle
     demonstration of the built-in families has 8); ``max_new_tokens`` per turn (the longest oracle
     turn is about 92 tokens with its end-of-turn; generation also stops at end of turn); ``replay`` the
@@ -50,7 +52,7 @@ class EvalParams:
     capability, ``own`` only on its own (the cut when the night runs out of time).
     """
 
-    limit: int | None = 12
+    limit: int | None = 16
     k: int = 1
     trials: int | None = None
     max_turns: int = 8
@@ -64,9 +66,12 @@ class EvalParams:
     seed: int = 0
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any] | None) -> EvalParams:
-        """Parameters from a ``params.yaml`` mapping; unknown keys and bad values are errors."""
+    def from_params(cls, params: Mapping[str, Any] | None, full: bool = False) -> EvalParams:
+        """Parameters from a ``params.yaml`` mapping; unknown keys and bad values are errors.
+        ``full`` (``traceops evaluate --full``): every test task, whatever ``limit`` says."""
         values = dict(params or {})
+        if full:
+            values["limit"] = None
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
