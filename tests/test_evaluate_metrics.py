@@ -8,7 +8,14 @@ import pytest
 
 from traceops.errors import ConfigError
 from traceops.evaluate import CapabilityEval, EnvEval, is_success, pass_hat_k, regression
-from traceops.evaluation.intervals import paired_bootstrap, task_differences, wilson
+from traceops.evaluation.intervals import (
+    format_gain,
+    format_rate,
+    paired_bootstrap,
+    task_differences,
+    verdict,
+    wilson,
+)
 
 
 def env_eval(rewards: dict[str, dict[str, list[float]]], k: int = 1, model_id: str = "m") -> EnvEval:
@@ -140,3 +147,11 @@ def test_regression_interval_of_a_clearly_better_role() -> None:
     assert reg["overall"]["low"] == row["low"] and reg["interval"]["resamples"] == 2000
     same = regression(better, better)
     assert (same["overall"]["low"], same["overall"]["high"]) == (0.0, 0.0)
+
+
+def test_interval_wording() -> None:
+    assert format_rate(0.6, (0.41, 0.77)) == "60% [41-77]" and format_rate(None) == "-"
+    assert format_gain(0.15, 0.03, 0.28) == "+15 pts [+3, +28]"
+    assert verdict(0.03, 0.28) == "better" and verdict(-0.3, -0.1) == "worse"
+    assert verdict(0.0, 0.0) == "same on every task" and verdict(-0.1, 0.2) == "too wide to conclude"
+    assert verdict(None, None) == "not compared"

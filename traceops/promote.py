@@ -175,7 +175,7 @@ def _regression_check(
             "Per-capability regression cannot be checked: no capability was evaluated for both.",
         )
     worst = max(sorted(drops), key=lambda c: drops[c])
-    drop = max(drops[worst], 0.0)
+    drop = max(0.0, drops[worst])  # 0.0 first: max keeps it over a -0.0 from an exact [0, 0]
     passed = drop <= limit + EPS
     over = sorted(c for c, d in drops.items() if d > limit + EPS)
     # Of those, the ones whose measured drop is within the limit: too few tasks to rule a drop out.

@@ -101,10 +101,12 @@ def format_gain(delta: float | None, low: float | None, high: float | None) -> s
 
 
 def verdict(low: float | None, high: float | None) -> str:
-    """What a paired interval of a difference says: ``better``/``worse`` when it excludes 0, else
-    ``too wide to conclude``."""
+    """What a paired interval of a difference says: ``better``/``worse`` when it excludes 0, ``same on
+    every task`` when it is [0, 0], else ``too wide to conclude``."""
     if low is None or high is None:
         return "not compared"
+    if low == high == 0:
+        return "same on every task"
     if low > 0:
         return "better"
     if high < 0:
