@@ -56,12 +56,12 @@ def _adapter_folder(paths: config.Paths, adapter: dict[str, Any]) -> Path:
     return folder
 
 
-def _log_fit(fit: dict[str, Any], routing: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """Log fit curves, held-out accuracy and the val routing summary to the active MLflow run; return the
-    flat metrics."""
+def _log_fit(fit: dict[str, Any] | None, routing: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Log fit curves, held-out accuracy and the val routing summary to the active MLflow run (None: a
+    single expert, nothing fitted); return the flat metrics."""
     import mlflow
 
-    for name, values in fit["losses"].items():
+    for name, values in (fit or {}).get("losses", {}).items():
         for step, value in enumerate(values, start=1):
             mlflow.log_metric(f"fit_{name}_loss", value, step=step)
     metrics = fit_metrics(fit, routing)
@@ -134,7 +134,8 @@ def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None
                 folders = {a["capability"]: _adapter_folder(paths, a) for a in adapters}
                 composed = compose(folders, base_dir, paths.environments, route_config, key=key,
                                    target=target, base_model=base_model, base_ref=base_ref, experts=experts)
-            fit, routing = composed.fit.to_dict(), composed.routing
+            fit = None if composed.fit is None else composed.fit.to_dict()
+            routing = composed.routing
             metrics = _log_fit(fit, routing)
             mlflow.log_metric("trace_seconds", composed.trace_seconds)
             log_json({"fit": fit, "val_routing": routing,

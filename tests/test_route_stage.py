@@ -187,3 +187,43 @@ def test_route_rerun_after_lost_result_or_folder_reuses_the_registered_versions(
     reusing = client.search_runs([client.get_experiment_by_name(registry.experiment_name("route"))
                                   .experiment_id], f"tags.`{TAG_REUSED_RUN}` = '{first.mlflow_run}'")
     assert len(reusing) == 2 and all(r.info.status == "FINISHED" for r in reusing)
+
+
+@pytest.mark.slow
+def test_a_single_capability_composite_is_its_adapter_with_no_router_fitted(home: Path,
+                                                                             tiny_model_dir: Path) -> None:
+    """One selected capability: the composite routes every token to its one expert (no null expert, no
+    fit, no trace) and computes what the PEFT adapter computes."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from traceops.envs.synthesize import synthesize
+    from traceops.flows.route import route_flow
+    from traceops.flows.runtime import prepare
+    from traceops.moe import load_moe, read_config
+
+    (home / "params.yaml").write_text(yaml.safe_dump({"route": ROUTE}))
+    paths = prepare(home).paths
+    cap = CAPS[0]
+    assert synthesize([cap], [], paths.environments, {"train_size": 5, "val_size": 2, "test_size": 2}).passed
+    folder = random_adapter(tiny_model_dir, home / "trained" / cap, seed=3)
+    with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "train")):
+        register_adapter(folder, cap, current_lineage(paths, str(tiny_model_dir), diagnosis_run=""),
+                         base_model=str(tiny_model_dir))
+
+    result = route_flow(home=str(home), base_model=str(tiny_model_dir))
+    composite_dir = Path(result.composite_path)
+    saved = read_config(composite_dir)
+    assert (list(saved.experts), saved.top_k, saved.null_expert) == ([cap], 1, False)
+    assert json.loads((composite_dir / "composite.json").read_text())["fit"] is None
+    run = MlflowClient(paths.mlflow_uri, paths.mlflow_uri).get_run(result.mlflow_run)
+    assert run.data.metrics["experts"] == 1.0 and "fit_seconds" not in run.data.metrics
+    assert result.composite.version == "1" and result.routing == {"experts": 1.0, "val": {}}
+
+    composite = load_moe(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval(), composite_dir)
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)),
+                                        str(folder)).eval()
+    ids = torch.randint(3, 500, (2, 12), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(logits(composite, ids), logits(adapter, ids), rtol=1e-4, atol=1e-4)

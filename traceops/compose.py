@@ -33,7 +33,7 @@ class Composed:
     """What ``compose`` fitted: the router fit, the val routing summary by capability (``evaluate_routing``:
     token and sequence accuracy, expert shares) and the seconds the val trace took."""
 
-    fit: FitResult
+    fit: FitResult | None  # None: a single expert, no router to fit
     routing: dict[str, dict[str, Any]]
     trace_seconds: float
 
@@ -54,23 +54,31 @@ def compose(folders: Mapping[str, Path], base_dir: Path, environments: Path, con
 
     capabilities = list(folders)
     tokenizer = trained_tokenizer(base_dir, next(iter(folders.values())))
-    train = {c: _demonstrations(environments / c, c, "train", config.train_examples, config.seed)
-             for c in capabilities}
-    val = {c: _demonstrations(environments / c, c, "val", config.val_examples, config.seed)
-           for c in capabilities}
     torch.manual_seed(config.seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).eval()
-    moe = build_moe(model, dict(folders), top_k=config.top_k, null_expert=config.null_expert,
-                    mode=config.mode, router_seed=config.seed, base_weights_hash=base_ref)
-    fit = fit_router(moe, tokenizer, train, config.fit_config())
-    tick = time.perf_counter()
-    routing = evaluate_routing(moe, tokenizer, {c: rows for c, rows in val.items() if rows},
-                               max_length=config.max_length, batch_size=config.batch_size)
-    trace_seconds = time.perf_counter() - tick
+    if len(capabilities) == 1:
+        # One expert needs no router: without a null expert, top-1 of one sends every token to it, which
+        # is the adapter itself. Nothing is fitted or traced (on a one-capability night the fit took 606 s
+        # of a 2,039 s night).
+        moe = build_moe(model, dict(folders), top_k=1, null_expert=False, mode=config.mode,
+                        router_seed=config.seed, base_weights_hash=base_ref)
+        fit, routing, trace_seconds = None, {}, 0.0
+    else:
+        train = {c: _demonstrations(environments / c, c, "train", config.train_examples, config.seed)
+                 for c in capabilities}
+        val = {c: _demonstrations(environments / c, c, "val", config.val_examples, config.seed)
+               for c in capabilities}
+        moe = build_moe(model, dict(folders), top_k=config.top_k, null_expert=config.null_expert,
+                        mode=config.mode, router_seed=config.seed, base_weights_hash=base_ref)
+        fit = fit_router(moe, tokenizer, train, config.fit_config())
+        tick = time.perf_counter()
+        routing = evaluate_routing(moe, tokenizer, {c: rows for c, rows in val.items() if rows},
+                                   max_length=config.max_length, batch_size=config.batch_size)
+        trace_seconds = time.perf_counter() - tick
     info = {
         "key": key, "base_model": base_model, "base_model_ref": base_ref, "experts": dict(experts),
         "top_k": moe.top_k, "mode": moe.mode, "null_expert": moe.config.null_expert,
-        "fit": {k: v for k, v in fit.to_dict().items() if k != "losses"},
+        "fit": None if fit is None else {k: v for k, v in fit.to_dict().items() if k != "losses"},
     }
     with atomic_folder(target) as tmp:
         save_moe(moe, tmp)
@@ -99,8 +107,12 @@ def expert_records(adapters: list[Mapping[str, Any]]) -> dict[str, dict[str, str
                               "model_version": str(a["model_version"])} for a in adapters}
 
 
-def fit_metrics(fit: Mapping[str, Any], routing: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
-    """The flat metrics of a router fit (``FitResult.to_dict()``) and its val routing summary."""
+def fit_metrics(fit: Mapping[str, Any] | None,
+                routing: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """The flat metrics of a router fit (``FitResult.to_dict()``; None: a single expert, nothing fitted)
+    and its val routing summary."""
+    if fit is None:
+        return {"experts": 1.0}
     metrics = {
         "routing_accuracy": fit["routing_accuracy"], "sequence_accuracy": fit["sequence_accuracy"],
         "initial_routing_accuracy": fit["initial_routing_accuracy"],
