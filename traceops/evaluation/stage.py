@@ -61,7 +61,7 @@ class EvalParams:
     replay: bool = True
     replay_limit: int | None = 16
     replay_max_turns: int = 12
-    replay_roles: tuple[str, ...] = ("base", "composite", "champion")
+    replay_roles: tuple[str, ...] = (BASE, COMPOSITE, CHAMPION)
     adapters_on: str = "all"
     seed: int = 0
 
