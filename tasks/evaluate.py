@@ -16,6 +16,7 @@ from traceops.evaluation.replay import logged_failures
 from traceops.evaluation.report import EvalReport, write_reports
 from traceops.evaluation.stage import EvalParams, RoleSpec, comparisons, evaluate_roles
 from traceops.model.reference import resolve_base_model
+from traceops.progress import StepProgress
 from traceops.results import Comparison, EvalResult, PairedDifference, ReplaySummary, RoleSummary
 from traceops.tasks.cache import CACHED
 from traceops.tasks.retry import retry_unless_user_error
@@ -85,7 +86,6 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
     ``evaluate.limit`` says.
     """
     import mlflow
-    from prefect import get_run_logger
 
     settings = config.load(home)
     paths = settings.paths
@@ -99,7 +99,7 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
         raise StageError(f"evaluate: no environments under {paths.environments}; run `traceops synthesize`")
     domain, failed, failed_counts = (logged_failures(paths.diagnosis, paths.curated) if params.replay
                                      else (None, [], {}))
-    logger = get_run_logger()
+    shown = StepProgress("evaluate", {"models": len(specs)}, every_s=0.0, unit="")
     with stage_run(settings, "evaluate", parent_run_id,
                    params={**params.as_dict(), "base_model": base_ref,
                            "roles": ",".join(s.role for s in specs),
@@ -107,7 +107,7 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
                            "replayed_failures": len(failed)}) as run:
         reports, seconds = evaluate_roles(
             specs, base_dir, paths.environments, capabilities, params, domain=domain, failed=failed,
-            progress=lambda role: logger.info("evaluating %s", role),
+            progress=lambda role, done, total: shown.update("models", done, detail=f"{role} done"),
         )
         meta = {
             "key": key,

@@ -79,7 +79,8 @@ def eval_home(home: Path, tiny_model_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_evaluate_flow_evaluates_every_role_and_logs_it(eval_home: dict) -> None:
+def test_evaluate_flow_evaluates_every_role_and_logs_it(eval_home: dict,
+                                                        capsys: pytest.CaptureFixture) -> None:
     from mlflow.tracking import MlflowClient
 
     from traceops.flows.evaluate import evaluate_flow
@@ -93,6 +94,9 @@ def test_evaluate_flow_evaluates_every_role_and_logs_it(eval_home: dict) -> None
     roles = ["base", "adapter:argument_grounding", "adapter:tool_call_format", "generic", "composite",
              "champion"]
     assert isinstance(result, EvalResult) and list(result.models) == roles
+    printed = capsys.readouterr().err  # progress on the console: model i of n, which, elapsed, ETA
+    assert "evaluate: models 1/6 (base done), elapsed " in printed and ", ETA " in printed
+    assert "evaluate: models 6/6 (champion done), elapsed " in printed
     assert result.models["champion"].ref == VersionRef(name="traceops.composite",
                                                        version=eval_home["champion"].version)
     assert result.replay.domain == "retail" and result.replay.failed == 3

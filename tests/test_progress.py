@@ -25,3 +25,8 @@ def test_step_progress_prints_throttled_lines_and_always_the_last_step() -> None
     assert progress.update("grpo", 2) == out.getvalue().splitlines()[-1]  # more steps than planned
     assert out.getvalue().splitlines()[-1].startswith("train b: grpo step 2/2")
     assert len(out.getvalue().splitlines()) == 3
+
+
+def test_a_count_without_unit_and_with_what_was_done() -> None:
+    line = progress_line("evaluate", "models", 2, 6, 70, 40, done_before=1, unit="", detail="generic done")
+    assert line == "evaluate: models 2/6 (generic done), elapsed 1:10, ETA 2:40"

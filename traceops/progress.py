@@ -22,10 +22,12 @@ def clock(seconds: float) -> str:
 
 
 def progress_line(label: str, phase: str, step: int, total: int, elapsed: float, phase_elapsed: float,
-                  done_before: int = 0) -> str:
+                  done_before: int = 0, unit: str = "step", detail: str = "") -> str:
     """One progress line. ``step`` counts from the phase's start (a resumed phase starts past 0, and
-    ``done_before`` steps were done before this process: they are left out of the ETA's rate)."""
-    line = f"{label}: {phase} step {step}/{total}, elapsed {clock(elapsed)}"
+    ``done_before`` steps were done before this process: they are left out of the ETA's rate);
+    ``detail`` names what the step was."""
+    counted = f"{phase} {unit} {step}/{total}" if unit else f"{phase} {step}/{total}"
+    line = f"{label}: {counted}{f' ({detail})' if detail else ''}, elapsed {clock(elapsed)}"
     run_here = step - done_before
     if run_here > 0 and step < total:
         line += f", ETA {clock(phase_elapsed / run_here * (total - step))}"
@@ -40,14 +42,16 @@ class StepProgress:
     totals: dict[str, int]
     stream: TextIO = field(default_factory=lambda: sys.stderr)
     every_s: float = 5.0
+    unit: str = "step"
     started: float = field(default_factory=time.perf_counter)
     _phase: str | None = None
     _phase_started: float = 0.0
     _first_step: int = 0
     _last_shown: float = float("-inf")
 
-    def update(self, phase: str, step: int) -> str | None:
-        """Report ``step`` of ``phase``; returns the line printed, or None when throttled."""
+    def update(self, phase: str, step: int, detail: str = "") -> str | None:
+        """Report ``step`` of ``phase`` done (``detail``: what it was); returns the line printed, or None
+        when throttled."""
         now = time.perf_counter()
         if phase != self._phase:
             # The first report of a phase comes after its first step: that step's time is unknown here.
@@ -57,6 +61,6 @@ class StepProgress:
             return None
         self._last_shown = now
         line = progress_line(self.label, phase, step, total, now - self.started, now - self._phase_started,
-                             done_before=self._first_step)
+                             done_before=self._first_step, unit=self.unit, detail=detail)
         print(line, file=self.stream, flush=True)
         return line

@@ -201,14 +201,15 @@ def evaluate_roles(
     domain: str | None = None,
     failed: Sequence[Failed] = (),
     load: Callable[[RoleSpec], ChatModel] | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> tuple[dict[str, EvalReport], dict[str, float]]:
     """Evaluate every role on ``capabilities`` (held-out split) and, with ``domain``, the roles in
     ``params.replay_roles`` on the replay of ``replay_sample(failed, params.replay_limit)``; then add
     each trained role's regression against the ``champion`` role when there is one.
 
-    One model is loaded at a time (``load``, default ``load_role_model``) and freed before the next.
-    Returns the reports in ``specs`` order and the seconds each role took.
+    One model is loaded at a time (``load``, default ``load_role_model``) and freed before the next;
+    ``progress(role, done, total)`` is called as each role finishes. Returns the reports in ``specs``
+    order and the seconds each role took.
     """
     loader = load or (lambda spec: load_role_model(spec, base_model_dir, params.batch_size))
     sample = replay_sample(failed, params.replay_limit)
@@ -218,8 +219,6 @@ def evaluate_roles(
     for spec in specs:
         if spec.role in reports:
             raise ConfigError(f"role {spec.role} is listed twice; give each model one role")
-        if progress is not None:
-            progress(spec.role)
         started = time.perf_counter()
         twin = next((s.role for s in done if s.identity() == spec.identity()), None)
         if twin is not None:
@@ -227,6 +226,8 @@ def evaluate_roles(
             reports[spec.role] = replace(reports[twin], name=spec.role)
             seconds[spec.role] = 0.0
             done.append(spec)
+            if progress is not None:
+                progress(spec.role, len(done), len(specs))
             continue
         model = loader(spec)
         reports[spec.role] = evaluate_model(
@@ -248,6 +249,8 @@ def evaluate_roles(
         gc.collect()  # free one model's weights before loading the next (memory, not speed)
         seconds[spec.role] = round(time.perf_counter() - started, 2)
         done.append(spec)
+        if progress is not None:
+            progress(spec.role, len(done), len(specs))
     champion = reports.get(CHAMPION)
     if champion is not None and champion.envs is not None:
         for role, report in reports.items():
