@@ -328,17 +328,23 @@ def run(
 
 @app.command()
 def serve(
-    model: str = typer.Argument("embedded", help="embedded | a local HF folder | http(s)://host/v1#model"),
+    model: str | None = typer.Argument(
+        None, help="traceops.composite@champion | traceops.adapter.<capability>/<version> | models:/... | an "
+                   "adapter or composite folder | embedded | a local HF folder | http(s)://host/v1#model "
+                   "(default: the home's champion composite, else embedded)"),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port"),
     api_key_env: str | None = typer.Option(None, "--api-key-env",
                                            help="Require the key held in this environment variable."),
+    base_model: str | None = typer.Option(None, "--base-model",
+                                          help="Base of an adapter or composite (default: its own record)."),
+    home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
 ) -> None:
     """Serve a model over an OpenAI-compatible /v1/chat/completions endpoint (tool calls included)."""
     from traceops.serve import serve as run_server
 
     try:
-        run_server(model, host=host, port=port, api_key_env=api_key_env)
+        run_server(model, host=host, port=port, api_key_env=api_key_env, base_model=base_model, home=home)
     except TraceopsError as exc:
         fail(exc, False)
 

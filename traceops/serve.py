@@ -5,7 +5,8 @@ Tool calls are parsed from the generated text with ``parse_tool_calls`` and retu
 Output that looked like a call but did not parse stays in ``content`` verbatim. Only ``n=1`` and
 non-streaming requests are supported; anything else is answered with HTTP 400 saying so.
 Generation is serialized with a lock: one model, one batch at a time. With an API key set, every
-request must carry ``Authorization: Bearer <key>`` (HTTP 401 otherwise).
+request must carry ``Authorization: Bearer <key>`` (HTTP 401 otherwise). What a spec serves (a registry
+reference, an adapter or composite folder, the home's champion by default) is ``traceops.served``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -26,6 +29,7 @@ from traceops.errors import ConfigError
 from traceops.hashing import content_hash
 from traceops.model.base import ChatModel, Completion, GenerationConfig
 from traceops.model.toolcalls import parse_tool_calls
+from traceops.registry import ModelRef
 
 
 class ChatCompletionRequest(BaseModel):
@@ -94,8 +98,12 @@ def completion_response(completion: Completion, model_id: str) -> dict[str, Any]
     }
 
 
-def create_app(model: ChatModel, api_key: str | None = None) -> FastAPI:
-    """A FastAPI app serving ``model`` with OpenAI's chat-completions API (``api_key``: required bearer)."""
+def create_app(model: ChatModel, api_key: str | None = None, registered: ModelRef | None = None) -> FastAPI:
+    """A FastAPI app serving ``model`` with OpenAI's chat-completions API (``api_key``: required bearer).
+
+    ``registered``, the registry version ``model`` was loaded from, is listed by ``/v1/models`` as
+    ``traceops_registered`` (name, version, run_id, uri).
+    """
     app = FastAPI(title="traceops", description="OpenAI-compatible chat completions over a traceops model")
     lock = threading.Lock()
     info = model.info
@@ -112,10 +120,11 @@ def create_app(model: ChatModel, api_key: str | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": info.model_id, "object": "model", "created": 0, "owned_by": "traceops",
-            "traceops_weights_hash": info.weights_hash,
-        }]}
+        entry: dict[str, Any] = {"id": info.model_id, "object": "model", "created": 0, "owned_by": "traceops",
+                                 "traceops_weights_hash": info.weights_hash}
+        if registered is not None:
+            entry["traceops_registered"] = registered.as_dict()
+        return {"object": "list", "data": [entry]}
 
     @app.post("/v1/chat/completions", response_model=None)
     def chat_completions(request: ChatCompletionRequest) -> dict[str, Any] | JSONResponse:
@@ -133,18 +142,23 @@ def create_app(model: ChatModel, api_key: str | None = None) -> FastAPI:
     return app
 
 
-def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, api_key_env: str | None = None,
-          **load_kwargs: Any) -> None:
-    """Load the model named by ``spec`` (see ``traceops.model.load_model``) and serve it with uvicorn.
+def serve(spec: str | None = None, host: str = "127.0.0.1", port: int = 8000, api_key_env: str | None = None,
+          base_model: str | None = None, home: str | Path | None = None, batch_size: int = 8) -> None:
+    """Serve what ``spec`` names (``traceops.served``: the home's champion when None) with uvicorn.
 
+    ``base_model`` overrides the base an adapter or composite records; ``home`` (default TRACEOPS_HOME or
+    the cwd) holds the registry references resolve in. The start-up line on stderr says what is served.
     With ``api_key_env`` naming a set environment variable, clients must send that key as a bearer token.
     """
     import uvicorn
 
-    from traceops.model import load_model
+    from traceops import config
+    from traceops.served import load_target, resolve_serve_spec
 
     api_key = os.environ.get(api_key_env) if api_key_env else None
     if api_key_env and not api_key:
         raise ConfigError(f"environment variable {api_key_env} is empty; set it or drop the API key option")
-    app = create_app(load_model(spec, **load_kwargs), api_key=api_key)
+    target = resolve_serve_spec(spec, config.load(home).paths, base_model=base_model)
+    sys.stderr.write(f"traceops serve: serving {target.describe()}\n")
+    app = create_app(load_target(target, batch_size=batch_size), api_key=api_key, registered=target.ref)
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -1,0 +1,167 @@
+"""``traceops serve`` over what the registry holds: a temp home with a registered random adapter and a
+composite (champion) on the tiny model; specs resolved against the real MLflow registry, served models
+prompted as evaluation prompts them, and the CLI serving the champion over real HTTP (uvicorn)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import mlflow
+import pytest
+from random_adapters import random_adapter
+from test_serve import _free_port
+
+from traceops import config, registry
+from traceops.errors import ConfigError
+from traceops.evaluation.stage import RoleSpec, load_role_model
+from traceops.lineage import current_lineage
+from traceops.mlflow_models.registration import register_adapter, register_composite
+from traceops.model import load_model
+from traceops.model.base import GenerationConfig
+from traceops.served import ServeTarget, load_target, resolve_serve_spec
+
+CAP = "tool_call_format"
+ADAPTER = registry.adapter_model_name(CAP)
+CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                            "parameters": {"type": "object",
+                                                           "properties": {"city": {"type": "string"}}}}}
+
+
+@pytest.fixture(scope="module")
+def registered(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A home whose registry holds traceops.adapter.tool_call_format/1 and traceops.composite/1 (one
+    expert, top-1) with the ``champion`` alias, both on the tiny model; the local folders under trained/."""
+    from transformers import AutoModelForCausalLM
+
+    from traceops.flows.runtime import prepare
+    from traceops.moe import build_moe, save_moe
+
+    home = tmp_path_factory.mktemp("serve-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRACEOPS_HOME", str(home))  # prepare() sets it; the context restores it
+        patch.setenv("PREFECT_HOME", str(home / ".prefect"))
+        paths = prepare(home).paths
+        lineage = current_lineage(paths, str(tiny_model_dir), diagnosis_run="")
+        adapter = random_adapter(tiny_model_dir, home / "trained" / CAP, seed=3)
+        composite = save_moe(build_moe(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)),
+                                       {CAP: adapter}, top_k=1), home / "trained" / "composite")
+        with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "train")):
+            register_adapter(adapter, CAP, lineage, base_model=str(tiny_model_dir))
+        with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "route")):
+            register_composite(composite, lineage, {ADAPTER: "1"}, base_model=str(tiny_model_dir))
+        registry.set_alias(registry.COMPOSITE_MODEL, registry.CHAMPION, "1")
+        yield home
+
+
+def resolve(spec: str | None, home: Path, base_model: str | None = None) -> ServeTarget:
+    return resolve_serve_spec(spec, config.load(home).paths, base_model=base_model)
+
+
+def test_registry_references_and_folders_resolve(registered: Path, tiny_model_dir: Path) -> None:
+    paths = config.load(registered).paths
+    champion = resolve(None, registered)
+    assert champion.defaulted and champion.kind == "composite"
+    assert champion.ref is not None
+    assert (champion.ref.name, champion.ref.version) == (registry.COMPOSITE_MODEL, "1")
+    # Downloaded into the home's one download cache; the base is the version's recorded spec.
+    assert champion.folder is not None and paths.models / "registry" / registry.COMPOSITE_MODEL / "1" in [
+        champion.folder, *champion.folder.parents]
+    assert champion.base_model_dir == tiny_model_dir.resolve()
+    assert "champion" in champion.describe() and "traceops.composite version 1" in champion.describe()
+    for spec in ("traceops.composite@champion", "models:/traceops.composite@champion",
+                 "traceops.composite/1"):
+        target = resolve(spec, registered)
+        assert (target.kind, target.ref, target.folder, target.defaulted) == (
+            "composite", champion.ref, champion.folder, False)
+
+    adapter = resolve(f"{ADAPTER}/1", registered)
+    assert adapter.kind == "adapter" and adapter.ref is not None and adapter.ref.name == ADAPTER
+    assert adapter.base_model_dir == tiny_model_dir.resolve()
+    assert resolve(f"models:/{ADAPTER}/1", registered).ref == adapter.ref
+
+    # Local folders: the base comes from the folder's own record (PEFT / save_moe), or --base-model.
+    local = resolve(str(registered / "trained" / CAP), registered)
+    assert (local.kind, local.ref, local.base_model_dir) == ("adapter", None, tiny_model_dir.resolve())
+    local = resolve(str(registered / "trained" / "composite"), registered, base_model=str(tiny_model_dir))
+    assert (local.kind, local.ref, local.base_model_dir) == ("composite", None, tiny_model_dir.resolve())
+    # Any other spec is handed to load_model as before.
+    assert resolve(str(tiny_model_dir), registered) == ServeTarget(spec=str(tiny_model_dir), kind="model")
+
+
+def test_served_models_are_prompted_as_evaluation_prompts_them(registered: Path) -> None:
+    config_ = GenerationConfig(max_new_tokens=8)
+    for spec, kind in ((None, "composite"), (f"{ADAPTER}/1", "adapter")):
+        target = resolve(spec, registered)
+        served = load_target(target)
+        evaluated = load_role_model(RoleSpec("role", kind, str(target.folder)), target.base_model_dir, 8)
+        assert served.info == evaluated.info
+        assert served.prompt(CHAT, [WEATHER]) == evaluated.prompt(CHAT, [WEATHER])  # type: ignore[attr-defined]
+        assert served.generate([CHAT], [WEATHER], config_) == evaluated.generate([CHAT], [WEATHER], config_)
+
+
+def test_bad_references_say_what_to_send(registered: Path, tmp_path: Path, tiny_model_dir: Path) -> None:
+    with pytest.raises(ConfigError, match=r"no alias 'nope'.*versions 1 and aliases @champion.*serve one"):
+        resolve("traceops.composite@nope", registered)
+    with pytest.raises(ConfigError, match=r"registered models: traceops.adapter.tool_call_format, "
+                                          r"traceops.composite"):
+        resolve("traceops.adapter.missing/1", registered)
+    with pytest.raises(ConfigError, match=r"traceops.composite/7 does not exist.*versions 1"):
+        resolve("models:/traceops.composite/7", registered)
+
+    empty = tmp_path / "empty-home"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match="has no registry"):
+        resolve("traceops.composite@champion", empty)
+    # No spec and no registry: embedded, without creating a store in the home.
+    assert resolve(None, empty) == ServeTarget(spec="embedded", kind="model", defaulted=True)
+    assert not (empty / "mlflow").exists()
+    with pytest.raises(ConfigError, match="--base-model applies to adapters and composites"):
+        resolve(None, empty, base_model=str(tiny_model_dir))
+    with pytest.raises(ConfigError, match="--base-model applies to adapters and composites"):
+        resolve("embedded", empty, base_model=str(tiny_model_dir))
+
+
+@pytest.mark.slow
+def test_cli_serves_the_champion_over_http(registered: Path) -> None:
+    """``traceops serve`` with no spec in a home with a champion: a real server process and a real client.
+    (The ``openai`` package is not installed here: the client is traceops' own OpenAIChatModel, and the
+    raw shape is checked with httpx.)"""
+    port = _free_port()
+    log = registered / "serve.log"
+    env = {**os.environ, "TRACEOPS_HOME": str(registered)}
+    with log.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "traceops", "serve", "--port", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                models = httpx.get(f"{url}/v1/models", timeout=5).json()
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(1)
+        assert "serving traceops.composite version 1" in log.read_text()
+        (entry,) = models["data"]
+        assert entry["traceops_registered"]["name"] == registry.COMPOSITE_MODEL
+        assert entry["traceops_registered"]["version"] == "1"
+        assert f"+moe:{CAP}" in entry["id"] and entry["traceops_weights_hash"]
+        body = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+            "model": "traceops.composite@champion", "messages": CHAT, "tools": [WEATHER], "max_tokens": 4,
+        }).json()
+        assert body["model"] == entry["id"] and body["usage"]["completion_tokens"] >= 1
+        client = load_model(url)
+        assert client.info.model_id == entry["id"]
+        assert len(client.generate([CHAT], [WEATHER], GenerationConfig(max_new_tokens=4))) == 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
