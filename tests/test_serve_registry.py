@@ -18,7 +18,7 @@ from random_adapters import random_adapter
 from test_serve import _free_port
 
 from traceops import config, registry
-from traceops.errors import ConfigError
+from traceops.errors import ConfigError, ModelError
 from traceops.evaluation.stage import RoleSpec, load_role_model
 from traceops.lineage import current_lineage
 from traceops.mlflow_models.registration import register_adapter, register_composite
@@ -89,8 +89,11 @@ def test_registry_references_and_folders_resolve(registered: Path, tiny_model_di
     # Local folders: the base comes from the folder's own record (PEFT / save_moe), or --base-model.
     local = resolve(str(registered / "trained" / CAP), registered)
     assert (local.kind, local.ref, local.base_model_dir) == ("adapter", None, tiny_model_dir.resolve())
-    local = resolve(str(registered / "trained" / "composite"), registered, base_model=str(tiny_model_dir))
-    assert (local.kind, local.ref, local.base_model_dir) == ("composite", None, tiny_model_dir.resolve())
+    for base in (None, str(tiny_model_dir)):
+        local = resolve(str(registered / "trained" / "composite"), registered, base_model=base)
+        assert (local.kind, local.ref, local.base_model_dir) == ("composite", None, tiny_model_dir.resolve())
+    # The downloaded champion is a composite folder too: its save_moe record names the base.
+    assert resolve(str(champion.folder), registered).base_model_dir == tiny_model_dir.resolve()
     # Any other spec is handed to load_model as before.
     assert resolve(str(tiny_model_dir), registered) == ServeTarget(spec=str(tiny_model_dir), kind="model")
 
@@ -126,6 +129,9 @@ def test_bad_references_say_what_to_send(registered: Path, tmp_path: Path, tiny_
         resolve(None, empty, base_model=str(tiny_model_dir))
     with pytest.raises(ConfigError, match="--base-model applies to adapters and composites"):
         resolve("embedded", empty, base_model=str(tiny_model_dir))
+    # A registered version on another base than it was trained on: the weights hash check says so.
+    with pytest.raises(ModelError, match="but the model was trained on"):
+        resolve(f"{ADAPTER}/1", registered, base_model="embedded")
 
 
 @pytest.mark.slow

@@ -86,16 +86,17 @@ def _folder_kind(folder: Path) -> str | None:
     return None
 
 
-def _recorded_base(folder: Path, kind: str) -> str | None:
-    """The base model spec an adapter or composite folder records, if any."""
+def _recorded_base(folder: Path, kind: str) -> tuple[str | None, str | None]:
+    """The base model spec an adapter or composite folder records, and the ``<model id>@<weights sha256>``
+    it was built on when the folder records that too (the compose stage's ``composite.json``)."""
     if kind == "adapter":
-        return json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path") or None
+        return json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path") or None, None
     for name in (COMPOSITE_INFO, MOE_CONFIG):  # the compose stage's spec first, then save_moe's record
         if (folder / name).is_file():
-            recorded = json.loads((folder / name).read_text()).get("base_model")
-            if recorded:
-                return str(recorded)
-    return None
+            recorded = json.loads((folder / name).read_text())
+            if recorded.get("base_model"):
+                return str(recorded["base_model"]), recorded.get("base_model_ref") or None
+    return None, None
 
 
 def _base_dir(spec: str, expected_ref: str | None) -> Path:
@@ -151,12 +152,13 @@ def resolve_serve_spec(spec: str | None, paths: Paths, base_model: str | None = 
     folder = Path(text).expanduser()
     kind = _folder_kind(folder) if folder.is_dir() else None
     if kind is not None:
-        base_spec = base_model or _recorded_base(folder, kind)
+        recorded, expected_ref = _recorded_base(folder, kind)
+        base_spec = base_model or recorded
         if not base_spec:
             raise ConfigError(f"{folder} records no base model; pass --base-model embedded or the model "
                               f"folder the {kind} was trained on")
         return ServeTarget(spec=text, kind=kind, folder=folder.resolve(),
-                           base_model_dir=_base_dir(base_spec, None))
+                           base_model_dir=_base_dir(base_spec, expected_ref))
     if is_registry_ref(text):
         return _registered(text, paths, base_model)
     if base_model is not None:
