@@ -136,9 +136,10 @@ def test_bad_references_say_what_to_send(registered: Path, tmp_path: Path, tiny_
 
 @pytest.mark.slow
 def test_cli_serves_the_champion_over_http(registered: Path) -> None:
-    """``traceops serve`` with no spec in a home with a champion: a real server process and a real client.
-    (The ``openai`` package is not installed here: the client is traceops' own OpenAIChatModel, and the
-    raw shape is checked with httpx.)"""
+    """``traceops serve`` with no spec in a home with a champion: a real server process, the official
+    ``openai`` client and traceops' own OpenAI-compatible client."""
+    import openai
+
     port = _free_port()
     log = registered / "serve.log"
     env = {**os.environ, "TRACEOPS_HOME": str(registered)}
@@ -161,10 +162,12 @@ def test_cli_serves_the_champion_over_http(registered: Path) -> None:
         assert entry["traceops_registered"]["name"] == registry.COMPOSITE_MODEL
         assert entry["traceops_registered"]["version"] == "1"
         assert f"+moe:{CAP}" in entry["id"] and entry["traceops_weights_hash"]
-        body = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
-            "model": "traceops.composite@champion", "messages": CHAT, "tools": [WEATHER], "max_tokens": 4,
-        }).json()
-        assert body["model"] == entry["id"] and body["usage"]["completion_tokens"] >= 1
+        official = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
+        assert [m.id for m in official.models.list().data] == [entry["id"]]
+        reply = official.chat.completions.create(model="traceops.composite@champion", messages=CHAT,
+                                                 tools=[WEATHER], max_tokens=4)
+        assert reply.model == entry["id"] and reply.usage.completion_tokens >= 1
+        assert reply.choices[0].message.role == "assistant"
         client = load_model(url)
         assert client.info.model_id == entry["id"]
         assert len(client.generate([CHAT], [WEATHER], GenerationConfig(max_new_tokens=4))) == 1
