@@ -19,6 +19,7 @@ from traceops.formats.base import OutcomeTable, Reader, ReadItem, Rejected
 from traceops.formats.files import FILE_RECORD, head_shape, is_blank_file, read_file_text, read_head
 from traceops.formats.openai import OpenAIReader
 from traceops.formats.otel import OTelReader
+from traceops.formats.outcomes import is_side_outcomes, read_side_outcomes, side_outcomes_file
 from traceops.formats.swe_agent import SWEAgentReader
 from traceops.formats.tau2 import Tau2Reader
 
@@ -85,7 +86,9 @@ def _walk(roots: list[Path]) -> Iterator[Path]:
         if root.is_dir():
             for file in sorted(root.rglob("*")):
                 relative = file.relative_to(root).parts
-                if file.is_file() and not any(part.startswith(".") for part in relative):
+                # A log's own outcomes file is joined when the log is read, never read as logs.
+                if (file.is_file() and not any(part.startswith(".") for part in relative)
+                        and not is_side_outcomes(file)):
                     yield file
         else:
             yield root
@@ -109,11 +112,18 @@ def iter_items(paths: Sequence[str | Path], fmt: str = "auto",
 def read_file(path: Path, fmt: str = "auto", outcomes: OutcomeTable | None = None) -> Iterator[ReadItem]:
     """Read one file with the named reader, or the one its content calls for when ``fmt`` is "auto".
 
-    A zip or tar archive is read member by member (``formats.archives``)."""
+    A zip or tar archive is read member by member (``formats.archives``). A file's outcomes side file
+    (``formats.outcomes.side_outcomes_file``) is joined to its records; its bad lines come as
+    ``Rejected``."""
     check_format(fmt)
     if is_archive(path):
         yield from read_archive(path, partial(read_file, fmt=fmt, outcomes=outcomes))
         return
+    side = side_outcomes_file(path)
+    if side is not None:  # ``x.outcomes.jsonl`` beside ``x.jsonl``; an explicit outcomes file wins
+        joined, bad = read_side_outcomes(side)
+        yield from bad
+        outcomes = {**joined, **(outcomes or {})}
     if fmt != "auto":
         yield from READERS[fmt].read(path, outcomes)
         return

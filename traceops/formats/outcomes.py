@@ -22,9 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from traceops.errors import InputError
+from traceops.formats.base import Rejected
+from traceops.formats.files import FILE_RECORD
 from traceops.schema import Outcome
 
 ID_KEYS = ("instance_id", "task_id", "id")
+# A log file's own outcomes: ``<stem>.outcomes.jsonl`` beside ``<stem>.jsonl`` (or ``<stem>.json``), as
+# ``traceops serve`` writes its feedback. Ingest joins it to that file's records and never reads it as logs.
+OUTCOMES_SUFFIX = ".outcomes.jsonl"
 _TRUE = {"true", "1", "yes", "y", "resolved", "success", "pass", "passed"}
 _FALSE = {"false", "0", "no", "n", "unresolved", "failure", "fail", "failed"}
 
@@ -172,3 +177,41 @@ def _number(value: Any, file: str, record: int | str, field: str) -> float:
     except (TypeError, ValueError):
         raise InputError(f"cannot read {value!r} as a number", file=file, record=record,
                          field=field) from None
+
+
+def is_side_outcomes(path: Path) -> bool:
+    """Whether ``path`` is a log file's outcomes side file (named ``*.outcomes.jsonl``)."""
+    return path.name.endswith(OUTCOMES_SUFFIX)
+
+
+def side_outcomes_file(log: Path) -> Path | None:
+    """The outcomes side file beside ``log`` (``x.jsonl`` -> ``x.outcomes.jsonl``), when there is one."""
+    if is_side_outcomes(log):
+        return None
+    side = log.with_name(log.name.rsplit(".", 1)[0] + OUTCOMES_SUFFIX)
+    return side if side.is_file() else None
+
+
+def read_side_outcomes(path: Path) -> tuple[dict[str, Outcome], list[Rejected]]:
+    """A side outcomes file (JSON lines) line by line: the outcomes of its good lines and one
+    ``Rejected`` per bad one (a line cut short by a crash, a line without id or outcome), so one bad
+    line is quarantined instead of failing the whole ingest. Later lines for an id win."""
+    file = str(path)
+    out: dict[str, Outcome] = {}
+    rejected: list[Rejected] = []
+    try:
+        text = path.read_text(encoding="utf-8-sig", errors="backslashreplace")
+    except OSError as error:
+        return out, [Rejected(file, FILE_RECORD, f"cannot read the outcomes file: {error.strerror}", raw="")]
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise InputError(f"malformed JSON: {error.msg}", file=file, record=number) from None
+            _add_row(out, row, file, number)
+        except InputError as error:
+            rejected.append(Rejected(file, number, f"outcome line {number}: {error}", raw=line))
+    return out, rejected
