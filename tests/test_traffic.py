@@ -17,6 +17,7 @@ from traceops.feedback_api import feedback_routes
 from traceops.formats import iter_items, load_outcomes
 from traceops.formats.base import Rejected
 from traceops.ingest import ingest_paths
+from traceops.lineage import raw_files_manifest
 from traceops.schema import Trajectory
 from traceops.store import load_trajectories
 from traceops.traffic import EMAIL_PATTERN, ServedTraffic, UnknownResponseError, day_file, outcomes_file
@@ -170,6 +171,10 @@ def test_ingest_joins_feedback_and_reads_only_what_is_new(home: Path) -> None:
     assert (first.read, first.accepted, first.quarantined) == (3, 3, 0)
     stored = {t.task_id: t.outcome.success for t in load_trajectories(settings.paths)}
     assert stored == {"chatcmpl-0": True, "chatcmpl-1": False, "chatcmpl-2": None}
+    # The lineage manifest lists the feedback file right after the log it belongs to.
+    log = day_file(served, datetime.now(UTC))
+    assert [e["path"] for e in raw_files_manifest([home / "data" / "raw"], home)] == [
+        f"data/raw/served/{log.name}", f"data/raw/served/{outcomes_file(log).name}"]
     # The day file grows; the next night adds only the new exchanges.
     for n in range(3, 5):
         traffic.record(*exchange(n), served_by=SERVED_BY)

@@ -61,13 +61,19 @@ class LineageError(ConfigError):
 # -- raw-file manifests (written by the ingest task) ----------------------------------------------------
 
 def raw_files_manifest(inputs: Sequence[str | Path], home: str | Path) -> list[dict[str, Any]]:
-    """Every file ingest reads from ``inputs`` (folders expanded like the readers do): its path
+    """Every file ingest reads from ``inputs`` (folders expanded like the readers do, each log followed by
+    its outcomes side file when it has one): its path
     (relative to ``home`` when inside it, else absolute), sha256 and size in bytes."""
     from traceops.formats.detect import iter_files
+    from traceops.formats.outcomes import side_outcomes_file
 
     root = Path(home).resolve()
     entries = []
+    files = []
     for file in iter_files(list(inputs)):
+        side = side_outcomes_file(file)  # a served log's feedback is an input of the same records
+        files.extend([file] if side is None else [file, side])
+    for file in files:
         resolved = file.resolve()
         try:
             path = resolved.relative_to(root).as_posix()
