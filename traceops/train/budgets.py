@@ -65,6 +65,9 @@ class Budget:
     # Splits scored before and after training. The CPU budget scores val only: the nightly's evaluate
     # stage scores every model on the test splits anyway, and each split costs minutes of generation.
     eval_splits: tuple[str, ...] = ("val", "test")
+    # The fewest SFT steps worth an adapter: a capability whose remaining time budget (train.time_budget)
+    # buys fewer is deferred to a later night rather than trained into a useless adapter.
+    min_sft_steps: int = 1
 
     @property
     def sft_checkpointing(self) -> bool:
@@ -76,6 +79,16 @@ class Budget:
     def episode_turns(self) -> int:
         """Assistant turns an evaluation episode may take (GRPO rollouts are capped by ``max_turns``)."""
         return self.eval_max_turns if self.eval_max_turns is not None else self.max_turns
+
+    def grpo_steps_for(self, multi_turn: bool) -> int:
+        """GRPO steps of one adapter: ``multi_turn_grpo_steps`` for a multi-turn family where set."""
+        return self.multi_turn_grpo_steps if multi_turn and self.multi_turn_grpo_steps is not None \
+            else self.grpo_steps
+
+    @property
+    def least_sft_steps(self) -> int:
+        """``min_sft_steps``, capped by ``sft_steps`` (a budget that trains fewer needs no more)."""
+        return max(1, min(self.min_sft_steps, self.sft_steps))
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict of every field (for MLflow params and the result's config)."""
@@ -97,13 +110,13 @@ BUDGETS: dict[str, Budget] = {
         grpo_steps=2, grpo_prompts_per_step=1, num_generations=4, max_completion_length=96, grpo_lr=1e-5,
         max_turns=9, eval_tasks=4, eval_max_new_tokens=100, save_steps=4, eval_max_turns=9,
         gradient_checkpointing=True, sft_gradient_checkpointing=False, eval_splits=("val",),
-        multi_turn_grpo_steps=1,
+        multi_turn_grpo_steps=1, min_sft_steps=8,
     ),
     "full": Budget(
         name="full", sft_steps=400, sft_batch_size=16, sft_max_length=2048, sft_lr=2e-4,
         grpo_steps=300, grpo_prompts_per_step=8, num_generations=8, max_completion_length=256, grpo_lr=5e-6,
         max_turns=8, eval_tasks=200, eval_max_new_tokens=256, save_steps=50,
-        device="cuda", bf16=True, use_vllm=True, gradient_checkpointing=True,
+        device="cuda", bf16=True, use_vllm=True, gradient_checkpointing=True, min_sft_steps=100,
     ),
 }
 

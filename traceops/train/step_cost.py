@@ -1,0 +1,106 @@
+"""What one training step of a capability costs, in reference steps, measured on its own data.
+
+Families differ: a single-turn family's SFT rows are a few hundred tokens, a multi-turn family's whole
+episodes (~1,300 tokens), and its GRPO step samples whole episodes, so a step of one costs several times a
+step of another. ``measure_step_costs`` times real SFT steps (and one GRPO step where the budget has GRPO)
+of the capability's own training data with the trainers the adapter is trained with, and divides by the
+reference step timed in the same process, so the figures hold on a machine of another speed.
+
+Pure of MLflow and Prefect; the train task caches the result per (base model, environments hash).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from traceops.train.budgets import Budget, get_budget
+from traceops.train.config import AdapterSettings
+from traceops.train.reference_step import ReferenceStep, time_reference_step
+
+SFT_TIMED_STEPS = 2  # after one untimed warm-up step (allocator, kernels, optimizer state)
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Reference steps per SFT step and per GRPO step of one capability (``grpo`` 0.0: not measured, the
+    budget has no GRPO), with the seconds behind them."""
+
+    sft: float
+    grpo: float
+    reference_seconds: float
+    sft_seconds: float
+    grpo_seconds: float
+    multi_turn: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict (for the cost cache and MLflow)."""
+        return asdict(self)
+
+
+def _step_timer() -> Any:
+    """A trainer callback that records each optimizer step's wall time in its ``seconds`` list."""
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+            self._start = 0.0
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self._start = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.seconds.append(time.perf_counter() - self._start)
+
+    return StepTimer()
+
+
+def measure_step_costs(capability: str, envs_dir: str | Path, base_model_dir: str | Path,
+                       budget: str | Budget = "small", seed: int = 0,
+                       reference: ReferenceStep | None = None,
+                       settings: AdapterSettings | None = None) -> StepCosts:
+    """Time SFT steps (median of ``SFT_TIMED_STEPS`` after a warm-up) and, when ``budget`` has GRPO
+    steps for this family, one GRPO step of ``capability``'s training data on the base in
+    ``base_model_dir``, and express them in reference steps (``reference``: timed here when not given).
+
+    Nothing is saved: the trainers write to a temporary folder that is removed.
+    """
+    from traceops.train.adapter import _load_base, prepare_training
+    from traceops.train.data import grpo_rows, is_multi_turn, load_environment_set, sft_rows
+    from traceops.train.grpo import build_grpo_trainer, multi_turn_budget
+    from traceops.train.sft import build_sft_trainer
+
+    settings = settings or AdapterSettings()
+    chosen = get_budget(budget)
+    env_set = load_environment_set(envs_dir, capability)
+    multi_turn = is_multi_turn(env_set)
+    with tempfile.TemporaryDirectory(prefix="traceops-step-cost-") as tmp:
+        # The same checks and set-up as training (threads, seeds, memory fit), then the same trainers.
+        base_dir, out, tokenizer = prepare_training(base_model_dir, tmp, chosen, settings, seed)
+        reference = reference or time_reference_step(base_dir, seed=seed)
+        timed = replace(chosen, sft_steps=1 + SFT_TIMED_STEPS, save_steps=10_000)
+        timer = _step_timer()
+        trainer = build_sft_trainer(_load_base(base_dir, chosen), tokenizer, sft_rows(env_set), timed,
+                                    out / "sft", seed, settings, callbacks=[timer])
+        trainer.train()
+        sft_seconds = statistics.median(timer.seconds[1:] or timer.seconds)
+        rollout = multi_turn_budget(env_set, tokenizer, chosen) if multi_turn else chosen
+        grpo_seconds = 0.0
+        if rollout.grpo_steps > 0:
+            timer = _step_timer()
+            rows = grpo_rows(env_set, tokenizer, multi_turn)
+            grpo = build_grpo_trainer(trainer.model, tokenizer, env_set, rows,
+                                      replace(rollout, grpo_steps=1, save_steps=10_000), out / "grpo", seed,
+                                      multi_turn, callbacks=[timer])
+            grpo.train()
+            grpo_seconds = timer.seconds[-1]
+            del grpo
+        del trainer
+    return StepCosts(sft=reference.steps(sft_seconds), grpo=reference.steps(grpo_seconds),
+                     reference_seconds=reference.seconds, sft_seconds=sft_seconds, grpo_seconds=grpo_seconds,
+                     multi_turn=multi_turn)
