@@ -13,6 +13,7 @@ from traceops import config, versioning
 from traceops.agent import model_episodes
 from traceops.envs.synthesize import synthesize
 from traceops.errors import StageError
+from traceops.heldout import RequestParams, request_values, split_trajectories
 from traceops.model.openai_compat import public_url
 from traceops.results import EnvironmentSummary, SkippedCapability, SynthesizeResult
 from traceops.store import load_trajectories
@@ -72,11 +73,15 @@ def synthesize_task(key: str, capabilities: list[str], home: str | None = None,
                    params={"capabilities": ",".join(capabilities), "seed": seed,
                            "calibrate_model": shown_model}) as run:
         with work_timer():
-            trajectories = list(load_trajectories(paths))
+            # Held-out real requests (evaluate.requests) never ground training: evaluation replays them.
+            held = RequestParams.from_params(settings.stage("evaluate").get("requests"))
+            trajectories, heldout = split_trajectories(load_trajectories(paths), held.seed,
+                                                       held.heldout_fraction)
             episodes = model_episodes(calibrate_model) if calibrate_model else None
             fresh = paths.data / ".environments.new"
             shutil.rmtree(fresh, ignore_errors=True)
-            result = synthesize(capabilities, trajectories, fresh, params, seed=seed, episodes=episodes)
+            result = synthesize(capabilities, trajectories, fresh, params, seed=seed, episodes=episodes,
+                                exclude=sorted(request_values(heldout)))
         _swap_in(fresh, paths.environments)
         env_version = versioning.commit_data(paths.home, ENVIRONMENTS)
         mlflow.set_tag(TAG_ENV_VERSION, env_version)

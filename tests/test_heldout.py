@@ -14,7 +14,7 @@ from traceops.heldout import (
     split_trajectories,
     train_trajectories,
 )
-from traceops.schema import Message, Outcome, Source, ToolCall, ToolSpec, Trajectory
+from traceops.schema import Label, Message, Outcome, Source, ToolCall, ToolSpec, Trajectory
 
 TOOLS = [ToolSpec(name="get_weather", parameters={
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})]
@@ -96,3 +96,46 @@ def test_bad_reference_line_names_file_line_and_field(tmp_path, line: str, field
     with pytest.raises(InputError, match="refs.jsonl:2") as info:
         load_references(path)
     assert field in str(info.value)
+
+
+def cancel_run(index: int) -> Trajectory:
+    """A failed retail-style cancellation with its own order id and its own phrasing."""
+    order = f"#W{3100000 + index:07d}"
+    return Trajectory(
+        task_id=f"cancel-{index}", domain="retail",
+        tools=[ToolSpec(name="cancel_pending_order", description="Cancel a pending order",
+                        parameters={"type": "object", "required": ["order_id", "reason"], "properties": {
+                            "order_id": {"type": "string"}, "reason": {"type": "string"}}})],
+        messages=[Message(role="user", content=f"Please cancel order {order}, phrasing{index}x."),
+                  Message(role="assistant", tool_calls=[ToolCall(
+                      id="a", name="cancel_pending_order",
+                      arguments={"order_id": order, "reason": "ordered by mistake"})])],
+        outcome=Outcome(success=False), source=Source(format="openai", file="f.jsonl", record=index),
+        labels=[Label(source="rule", capability="tool_selection")])
+
+
+@pytest.mark.slow
+def test_synthesis_never_sees_heldout_requests(home) -> None:
+    """The synthesize stage grounds only on train tasks: no held-out request's values or words appear
+    in the written environments, and no held-out run is a seed trajectory."""
+    from traceops.flows.runtime import prepare
+    from traceops.flows.synthesize import synthesize_flow
+    from traceops.store import append_trajectories
+
+    paths = prepare(home).paths
+    runs = [cancel_run(i) for i in range(24)]
+    append_trajectories(paths, runs)
+    train, held = split_trajectories(runs, 0, 0.2)
+    assert held and train
+    result = synthesize_flow(home=str(home), capabilities=["tool_selection"],
+                             overrides={"train_size": 12, "val_size": 4, "test_size": 4})
+    assert result.capabilities == ["tool_selection"]
+    folder = paths.environments / "tool_selection"
+    written = "".join(p.read_text() for p in sorted(folder.glob("*.jsonl")))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    seeds = set(manifest["grounding"]["seed_trajectories"] if "grounding" in manifest
+                else manifest.get("seed_trajectories", []))
+    assert seeds and seeds <= {t.id for t in train}
+    for run_ in held:
+        order = run_.messages[1].tool_calls[0].arguments["order_id"]
+        assert order not in written and f"phrasing{run_.source.record}x" not in written

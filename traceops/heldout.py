@@ -17,16 +17,81 @@ task are alternatives, a reply is scored by the best of them).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from traceops.errors import InputError
+from traceops.errors import ConfigError, InputError
 from traceops.hashing import content_hash
 from traceops.schema import Message, ToolSpec, Trajectory
 
 _HASH_CHARS = 16  # content_hash's hex length: the split draws a number in [0, 1) from it
+
+
+DEFAULT_GRADER = "default"  # the graders key for every domain not named
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """Settings of held-out real requests (``params.yaml`` ``evaluate.requests``).
+
+    ``heldout_fraction`` of the tasks (by the ``seed``ed hash) never reach training and are replayed by
+    evaluation, at most ``limit`` with a reference per domain (None: all); ``references`` a JSONL file
+    of reference replies (None: only the logs' own successes); ``graders`` maps a domain to its
+    grader spec (``traceops.graders.load_grader``), ``default`` for the other domains.
+    """
+
+    heldout_fraction: float = 0.2
+    seed: int = 0
+    limit: int | None = 32
+    references: str | None = None
+    graders: dict[str, str] = field(default_factory=lambda: {DEFAULT_GRADER: "tool_call_match"})
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any] | None) -> RequestParams:
+        """The settings from a ``requests`` mapping; unknown keys and bad values are ConfigErrors."""
+        if params is not None and not isinstance(params, Mapping):
+            raise ConfigError(f"params.yaml evaluate.requests is {params!r}; give a mapping "
+                              "(heldout_fraction, seed, limit, references, graders)")
+        values = dict(params or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"params.yaml evaluate.requests: unknown key(s) {unknown}; "
+                              f"known: {sorted(known)}")
+        merged = {**asdict(cls()), **values}
+        graders = merged["graders"]
+        if not isinstance(graders, Mapping) or not all(isinstance(v, str) and v for v in graders.values()):
+            raise ConfigError(f"params.yaml evaluate.requests.graders is {graders!r}; map each domain (and "
+                              "'default') to a grader spec such as tool_call_match")
+        try:
+            chosen = cls(heldout_fraction=float(merged["heldout_fraction"]), seed=int(merged["seed"]),
+                         limit=None if merged["limit"] is None else int(merged["limit"]),
+                         references=None if merged["references"] is None else str(merged["references"]),
+                         graders={DEFAULT_GRADER: "tool_call_match",
+                                  **{str(k): v for k, v in graders.items()}})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"params.yaml evaluate.requests: {exc}; heldout_fraction is a number, seed "
+                              "a whole number, limit a whole number or null, references a path or "
+                              "null") from None
+        if not 0.0 <= chosen.heldout_fraction < 1.0:
+            raise ConfigError(f"params.yaml evaluate.requests.heldout_fraction is {chosen.heldout_fraction}; "
+                              "use a number in [0, 1) (0 holds nothing out)")
+        if chosen.limit is not None and chosen.limit < 1:
+            raise ConfigError(f"params.yaml evaluate.requests.limit is {chosen.limit}; use at least 1 "
+                              "or null")
+        return chosen
+
+    def grader_spec(self, domain: str) -> str:
+        """The grader spec of ``domain``: its own entry, else ``default``."""
+        return self.graders.get(domain, self.graders[DEFAULT_GRADER])
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict (MLflow params, cache key)."""
+        return asdict(self)
 
 
 def heldout_score(task_id: str, seed: int) -> float:
@@ -61,6 +126,24 @@ def split_trajectories(trajectories: Iterable[Trajectory], seed: int,
 def train_trajectories(trajectories: Iterable[Trajectory], seed: int, fraction: float) -> list[Trajectory]:
     """The trajectories training stages may see: those of tasks not held out."""
     return split_trajectories(trajectories, seed, fraction)[0]
+
+
+def _scalars(value: Any) -> Iterable[str]:
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _scalars(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _scalars(item)
+    elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        yield str(value)
+
+
+def request_values(trajectories: Iterable[Trajectory]) -> set[str]:
+    """Every scalar tool-call argument value in ``trajectories``, as text: what synthesis passes as
+    ``exclude`` so that no generated task reuses a held-out request's value."""
+    return {value for trajectory in trajectories for message in trajectory.messages
+            for call in message.tool_calls or [] for value in _scalars(call.arguments)}
 
 
 class LoggedRequest(BaseModel):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from traceops.errors import ConfigError
 from traceops.evaluation.replay import Failed
 from traceops.evaluation.report import EvalReport, regression
 from traceops.evaluation.runner import evaluate_model
+from traceops.heldout import RequestParams
 from traceops.model.base import ChatModel, GenerationConfig
 from traceops.registry import CHAMPION  # the champion role is the version holding that alias
 
@@ -64,6 +65,7 @@ class EvalParams:
     replay_roles: tuple[str, ...] = (BASE, COMPOSITE, CHAMPION)
     adapters_on: str = "all"
     seed: int = 0
+    requests: RequestParams = field(default_factory=RequestParams)  # held-out real requests
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any] | None, full: bool = False) -> EvalParams:
@@ -90,6 +92,7 @@ class EvalParams:
                 replay_max_turns=int(chosen.replay_max_turns),
                 replay_roles=tuple(str(r) for r in chosen.replay_roles),
                 seed=int(chosen.seed),
+                requests=RequestParams.from_params(chosen.requests),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"params.yaml evaluate: {exc}; limit is a number or null, k/trials/"
