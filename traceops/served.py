@@ -37,8 +37,9 @@ COMPOSITE_INFO = "composite.json"  # traceops.compose.COMPOSITE_INFO; not import
 
 @dataclass(frozen=True)
 class ServeTarget:
-    """A resolved serve spec. ``kind`` is ``adapter``, ``composite`` or ``model`` (a spec handed to
-    ``load_model`` as is); adapters and composites have their ``folder`` and ``base_model_dir``;
+    """A resolved serve spec. ``kind`` is ``adapter``, ``composite``, ``base`` (the folder adapters run
+    on, loaded as evaluation loads it) or ``model`` (a spec handed to ``load_model`` as is); adapters
+    and composites have their ``folder`` and ``base_model_dir``;
     ``ref`` is the registered version served, if any; ``defaulted`` says no spec was given."""
 
     spec: str
@@ -107,7 +108,10 @@ def _base_dir(spec: str, expected_ref: str | None) -> Path:
     return base_model_dir({"base_model": spec, "base_model_ref": expected_ref})
 
 
-def _registered(spec: str, paths: Paths, base_model: str | None, defaulted: bool = False) -> ServeTarget:
+def registered_target(spec: str, paths: Paths, base_model: str | None = None,
+                      defaulted: bool = False) -> ServeTarget:
+    """The target of registry reference ``spec``: the version downloaded into the home's cache, on the
+    base it records (``base_model`` overrides it). Raises ConfigError naming what exists."""
     if not _has_store(paths):
         raise ConfigError(f"'{spec}' is a registry reference, but the home {paths.home} has no registry "
                           "(mlflow/mlflow.db); pass --home with the home that registered it, or serve a "
@@ -143,7 +147,7 @@ def resolve_serve_spec(spec: str | None, paths: Paths, base_model: str | None = 
         if _has_store(paths):
             registry.configure(paths)
             if registry.get_alias(registry.COMPOSITE_MODEL, registry.CHAMPION) is not None:
-                return _registered(DEFAULT_REF, paths, base_model, defaulted=True)
+                return registered_target(DEFAULT_REF, paths, base_model, defaulted=True)
         text = FALLBACK_SPEC
         if base_model is not None:
             raise ConfigError(f"--base-model applies to adapters and composites, and the home has no "
@@ -160,7 +164,7 @@ def resolve_serve_spec(spec: str | None, paths: Paths, base_model: str | None = 
         return ServeTarget(spec=text, kind=kind, folder=folder.resolve(),
                            base_model_dir=_base_dir(base_spec, expected_ref))
     if is_registry_ref(text):
-        return _registered(text, paths, base_model)
+        return registered_target(text, paths, base_model)
     if base_model is not None:
         raise ConfigError(f"--base-model applies to adapters and composites; '{text}' is neither (an adapter "
                           f"folder has {ADAPTER_CONFIG}, a composite folder {MOE_CONFIG})")
@@ -168,14 +172,17 @@ def resolve_serve_spec(spec: str | None, paths: Paths, base_model: str | None = 
 
 
 def load_target(target: ServeTarget, batch_size: int = 8) -> ChatModel:
-    """The ChatModel of a resolved target: adapters and composites through evaluation's loaders
-    (prompted as evaluated), any other spec through ``load_model``."""
+    """The ChatModel of a resolved target: adapters, composites and a ``base`` (the folder an adapter or
+    composite runs on) through evaluation's loaders (prompted as evaluated), any other spec through
+    ``load_model``."""
     if target.kind == "model":
         from traceops.model import load_model
 
         return load_model(target.spec, batch_size=batch_size)
-    from traceops.model.adapted import load_adapter_model, load_composite_model
+    from traceops.model.adapted import load_adapter_model, load_base_model, load_composite_model
 
+    if target.kind == "base" and target.base_model_dir is not None:
+        return load_base_model(target.base_model_dir, batch_size=batch_size)
     if target.folder is None or target.base_model_dir is None:
         raise ConfigError(f"a {target.kind} target needs its folder and base; resolve it with "
                           "resolve_serve_spec")
