@@ -339,12 +339,23 @@ def serve(
     base_model: str | None = typer.Option(None, "--base-model",
                                           help="Base of an adapter or composite (default: its own record)."),
     home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
+    reload_key_env: str | None = typer.Option(
+        None, "--reload-key-env", help="Allow POST /v1/reload with the key held in this env variable."),
+    poll_seconds: float | None = typer.Option(
+        None, "--poll-seconds", help="Check the champion alias every N seconds; 0: off (params.yaml serve)."),
+    queue_size: int | None = typer.Option(
+        None, "--queue-size", help="Requests queued per model before 503 + Retry-After (params.yaml serve)."),
+    no_log_traffic: bool = typer.Option(
+        False, "--no-log-traffic", help="Do not append served exchanges under data/raw/served/."),
 ) -> None:
-    """Serve a model over an OpenAI-compatible /v1/chat/completions endpoint (tool calls included)."""
+    """Serve the champion, its base and every registered adapter over an OpenAI-compatible
+    /v1/chat/completions endpoint (the request's model picks one; tool calls included)."""
     from traceops.serve import serve as run_server
 
     try:
-        run_server(model, host=host, port=port, api_key_env=api_key_env, base_model=base_model, home=home)
+        run_server(model, host=host, port=port, api_key_env=api_key_env, base_model=base_model, home=home,
+                   reload_key_env=reload_key_env, poll_seconds=poll_seconds, queue_size=queue_size,
+                   log_traffic=False if no_log_traffic else None)
     except TraceopsError as exc:
         fail(exc, False)
 
