@@ -257,6 +257,29 @@ def promote(
 
 
 @app.command()
+def rollback(
+    name: str = typer.Argument("traceops.composite", help="Registered model whose champion moves back."),
+    reason: str = typer.Option(..., "--reason", help="Why: recorded on both versions and in the lineage."),
+    to: str | None = typer.Option(None, "--to", help="Version to make champion (default: alias `previous`)."),
+    home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Move `champion` back to `previous` (or --to VERSION); the old one gets `rolled_back`. Who
+    (TRACEOPS_USER or the login name), why and when are tagged on both versions, logged as an MLflow run."""
+    from traceops.flows import runtime
+
+    try:
+        settings = runtime.prepare(home)
+        from traceops.tasks.rollback import rollback_run
+
+        result = rollback_run(settings, name, reason, to)
+    except TraceopsError as exc:
+        fail(exc, as_json)
+        return
+    emit(result.model_dump(mode="json"), as_json, "rollback")
+
+
+@app.command()
 def lineage(
     model_uri: str = typer.Argument("traceops.composite@champion",
                                     help="name@alias or name/version of a registered model."),

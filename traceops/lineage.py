@@ -45,6 +45,12 @@ from traceops.tags import (
     TAG_GIT_SHA,
     TAG_PARENT_VERSIONS,
     TAG_RAW_FILES,
+    TAG_ROLLBACK_AT,
+    TAG_ROLLBACK_BY,
+    TAG_ROLLBACK_FROM,
+    TAG_ROLLBACK_REASON,
+    TAG_ROLLBACK_RUN,
+    TAG_ROLLED_BACK_TO,
     TAG_SOURCE_RUN,
 )
 
@@ -203,10 +209,24 @@ class _Audit:
         children.append(self.run(tags.get(TAG_DIAGNOSIS_RUN, ""), "diagnosis run",
                                  "diagnose stage run behind the environments"))
         children.append(self.data_version(tags.get(TAG_DATA_VERSION, "")))
+        if TAG_ROLLBACK_RUN in tags:
+            children.append(self._rollback(tags))
         missing = [k for k in LINEAGE_KEYS if k not in tags]
         detail = f"run {run_id}" + (f"; missing tags: {', '.join(missing)}" if missing else "")
         return _node("model_version", label, not missing, detail, children, capability=capability,
                      run_id=run_id, aliases=list(getattr(mv, "aliases", []) or []))
+
+    def _rollback(self, tags: dict[str, str]) -> dict[str, Any]:
+        """The latest `traceops rollback` that moved this version's champion alias: who, why, when."""
+        if TAG_ROLLED_BACK_TO in tags:
+            what = f"rolled back: champion moved to version {tags[TAG_ROLLED_BACK_TO]}"
+        else:
+            what = f"champion again by rollback from version {tags.get(TAG_ROLLBACK_FROM, '?')}"
+        detail = (f"{what} by {tags.get(TAG_ROLLBACK_BY, '?')} at {tags.get(TAG_ROLLBACK_AT, '?')}: "
+                  f"{tags.get(TAG_ROLLBACK_REASON, '')}")
+        run = self.run(tags[TAG_ROLLBACK_RUN], "rollback run", "the run that recorded the rollback")
+        return _node("rollback", "rollback", run["ok"], detail, [run], by=tags.get(TAG_ROLLBACK_BY),
+                     reason=tags.get(TAG_ROLLBACK_REASON), at=tags.get(TAG_ROLLBACK_AT))
 
     def _artifacts(self, name: str, version: str) -> dict[str, Any]:
         """The version's logged files (MLmodel and the adapter/composite folder) still exist."""

@@ -119,11 +119,29 @@ class GenericResult(_Result):
     seconds: float
 
 
+class PlannedCapability(_Result):
+    """The night's training plan for one capability (traceops/train/plan.py), in rank order of coverage x
+    gap: trained with ``sft_steps`` + ``grpo_steps`` costing ``cost`` reference steps, reused (cost 0),
+    or ``deferred`` (the reason) to a later night."""
+
+    capability: str
+    rank: int
+    score: float
+    sft_steps: int
+    grpo_steps: int
+    cost: float
+    reused: bool
+    deferred: str | None = None
+    least_cost: float | None = None  # reference steps of its shortest schedule, where it was priced
+
+
 class TrainResult(_Result):
     """The train stage: one adapter per capability and the generic LoRA when it was trained."""
 
     adapters: list[AdapterResult]
     generic: GenericResult | None = None
+    time_budget: float | None = None  # train.time_budget in reference steps
+    plan: list[PlannedCapability] = Field(default_factory=list)
 
 
 class RouteResult(_Result):
@@ -160,6 +178,12 @@ class RoleSummary(_Result):
     success_ci: dict[str, list[float] | None] = {}
     success_overall_ci: list[float] | None = None
     tasks: dict[str, int] = {}
+    # Held-out real requests (evaluation.requests): success per domain, macro overall with its 95%
+    # Wilson interval, graded requests per domain (empty when none were replayed)
+    requests_success: dict[str, float | None] = {}
+    requests_success_overall: float | None = None
+    requests_success_overall_ci: list[float] | None = None
+    requests_graded: dict[str, int] = {}
 
 
 class ReplaySummary(_Result):
@@ -168,6 +192,17 @@ class ReplaySummary(_Result):
     domain: str | None
     failed: int
     failed_by_domain: dict[str, int]
+
+
+class RequestsSummary(_Result):
+    """The held-out real requests replayed by every role: the split, how many per domain, how many were
+    not replayed (by reason), and each domain's grader."""
+
+    heldout_fraction: float
+    seed: int
+    replayed: dict[str, int]  # domain -> requests replayed
+    skipped: dict[str, int]  # reason -> requests not replayed
+    graders: dict[str, str]  # domain -> grader spec
 
 
 class PairedDifference(_Result):
@@ -200,6 +235,8 @@ class EvalResult(_Result):
     replay: ReplaySummary
     seconds: dict[str, float]  # role -> seconds
     comparisons: dict[str, Comparison] = {}  # "composite vs champion" / "composite vs base" -> paired
+    requests: RequestsSummary | None = None  # the held-out real requests (None: evaluated before them)
+    request_comparisons: dict[str, Comparison] = {}  # as comparisons, on them; capabilities = domains
 
 
 class PromoteResult(_Result):
@@ -213,6 +250,19 @@ class PromoteResult(_Result):
     checks: dict[str, dict[str, Any]]
     aliases: dict[str, Any]
     candidate: VersionRef
+    mlflow_run: str
+
+
+class RollbackResult(_Result):
+    """`traceops rollback`: champion moved back from ``rolled_back`` to ``champion``; who, why, when."""
+
+    name: str
+    rolled_back: VersionRef
+    champion: VersionRef
+    by: str
+    reason: str
+    at: str  # UTC ISO time
+    aliases: dict[str, str]  # alias -> version after the rollback
     mlflow_run: str
 
 

@@ -34,3 +34,11 @@ TAG_REUSED_RUN = "traceops.reused_run"            # route: the run whose registe
 TAG_DECISION = "traceops.decision"                # promote: the alias the candidate got
 TAG_CANDIDATE = "traceops.candidate"              # promote: <model name>/<version> decided on
 TAG_PROMOTED = "traceops.promoted"                # nightly: whether the night promoted (true/false)
+
+# -- rollback: on both versions a `traceops rollback` moved champion between (the latest such event) --------
+TAG_ROLLBACK_BY = "traceops.rollback_by"          # who: TRACEOPS_USER, else the login name
+TAG_ROLLBACK_REASON = "traceops.rollback_reason"  # why: the --reason text
+TAG_ROLLBACK_AT = "traceops.rollback_at"          # when: UTC ISO time
+TAG_ROLLBACK_RUN = "traceops.rollback_run"        # the MLflow run that recorded it (traceops/rollback)
+TAG_ROLLED_BACK_TO = "traceops.rolled_back_to"    # on the version that lost champion: the version that got it
+TAG_ROLLBACK_FROM = "traceops.rollback_from"      # on the version that got champion back: the one it replaced
