@@ -14,10 +14,19 @@ from traceops.evaluation.envs import list_capabilities
 from traceops.evaluation.html import render_eval_html
 from traceops.evaluation.replay import logged_failures
 from traceops.evaluation.report import EvalReport, write_reports
-from traceops.evaluation.stage import EvalParams, RoleSpec, comparisons, evaluate_roles
+from traceops.evaluation.requests import load_graders, select_requests
+from traceops.evaluation.stage import EvalParams, RoleSpec, comparisons, evaluate_roles, request_comparisons
 from traceops.model.reference import resolve_base_model
 from traceops.progress import StepProgress
-from traceops.results import Comparison, EvalResult, PairedDifference, ReplaySummary, RoleSummary
+from traceops.results import (
+    Comparison,
+    EvalResult,
+    PairedDifference,
+    ReplaySummary,
+    RequestsSummary,
+    RoleSummary,
+)
+from traceops.store import load_trajectories
 from traceops.tasks.cache import CACHED
 from traceops.tasks.retry import retry_unless_user_error
 from traceops.tasks.tracking import stage_run
@@ -58,7 +67,20 @@ def role_summary(report: EvalReport, spec: RoleSpec, seconds: float) -> RoleSumm
         success_overall_ci=None if envs is None or envs.success_overall_ci is None
         else list(envs.success_overall_ci),
         tasks={c: e.n_tasks for c, e in sorted(envs.capabilities.items())} if envs else {},
+        **request_fields(report),
     )
+
+
+def request_fields(report: EvalReport) -> dict[str, Any]:
+    """A role's held-out real-request numbers as RoleSummary fields (none when it replayed none)."""
+    requests = report.requests
+    if requests is None:
+        return {}
+    ci = requests.success_overall_ci
+    return {"requests_success": {d: requests.success(d) for d in requests.domains},
+            "requests_success_overall": requests.success_overall,
+            "requests_success_overall_ci": None if ci is None else list(ci),
+            "requests_graded": {d: requests.graded(d) for d in requests.domains}}
 
 
 def comparison(reg: dict[str, Any]) -> Comparison:
@@ -99,16 +121,26 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
         raise StageError(f"evaluate: no environments under {paths.environments}; run `traceops synthesize`")
     domain, failed, failed_counts = (logged_failures(paths.diagnosis, paths.curated) if params.replay
                                      else (None, [], {}))
+    # Held-out real requests of every domain in the curated store; graders load (and fail) first.
+    selected = select_requests(load_trajectories(paths), params.requests)
+    graders = load_graders(selected.domains, params.requests)
     shown = StepProgress("evaluate", {"models": len(specs)}, every_s=0.0, unit="")
     with stage_run(settings, "evaluate", parent_run_id,
                    params={**params.as_dict(), "base_model": base_ref,
                            "roles": ",".join(s.role for s in specs),
                            "capabilities": ",".join(capabilities), "replay_domain": domain,
-                           "replayed_failures": len(failed)}) as run:
+                           "replayed_failures": len(failed),
+                           "heldout_requests": len(selected.requests)}) as run:
         reports, seconds = evaluate_roles(
             specs, base_dir, paths.environments, capabilities, params, domain=domain, failed=failed,
             progress=lambda role, done, total: shown.update("models", done, detail=f"{role} done"),
+            requests=selected, graders=graders,
         )
+        requests_meta = RequestsSummary(
+            heldout_fraction=params.requests.heldout_fraction, seed=params.requests.seed,
+            replayed={d: sum(r.domain == d for r in selected.requests) for d in selected.domains},
+            skipped=selected.skipped_by_reason(),
+            graders={d: params.requests.grader_spec(d) for d in selected.domains})
         meta = {
             "key": key,
             "base_model": base_ref,
@@ -119,6 +151,8 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
             "seconds": seconds,
             "mlflow_run": run.info.run_id,
             "comparisons": comparisons(reports),
+            "requests": requests_meta.model_dump(mode="json"),
+            "request_comparisons": request_comparisons(reports),
         }
         eval_json = write_reports(reports, paths.eval / EVAL_JSON, meta)
         report_path = render_eval_html(reports, paths.eval / REPORT_HTML, title="traceops evaluation",
@@ -139,4 +173,6 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
         replay=ReplaySummary(**meta["replay"]),
         seconds=seconds,
         comparisons={name: comparison(reg) for name, reg in meta["comparisons"].items()},
+        requests=requests_meta,
+        request_comparisons={name: comparison(reg) for name, reg in meta["request_comparisons"].items()},
     )

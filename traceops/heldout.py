@@ -87,7 +87,7 @@ class RequestParams:
 
     def grader_spec(self, domain: str) -> str:
         """The grader spec of ``domain``: its own entry, else ``default``."""
-        return self.graders.get(domain, self.graders[DEFAULT_GRADER])
+        return self.graders.get(domain) or self.graders.get(DEFAULT_GRADER) or "tool_call_match"
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict (MLflow params, cache key)."""

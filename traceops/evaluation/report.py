@@ -12,6 +12,7 @@ from typing import Any
 from traceops.evaluation.intervals import LEVEL, RESAMPLES, paired_bootstrap, task_differences
 from traceops.evaluation.metrics import EnvEval
 from traceops.evaluation.replay import ReplayEval
+from traceops.evaluation.requests import RequestEval
 
 
 def regression(
@@ -92,6 +93,7 @@ class EvalReport:
     envs: EnvEval | None = None
     replay: ReplayEval | None = None
     regression: dict[str, Any] | None = None
+    requests: RequestEval | None = None  # the held-out real requests (evaluation.requests)
 
     @property
     def success_overall(self) -> float | None:
@@ -145,6 +147,8 @@ class EvalReport:
         out["replay.not_replayable"] = len(replay.not_replayable) if replay else None
         for capability, row in (replay.by_capability() if replay else {}).items():
             out[f"repeat_failure_rate.{capability}"] = row["repeat_failure_rate"]
+        if self.requests is not None:
+            out.update(self.requests.summary())
         if reg is not None:
             out["regression.overall"] = reg["overall"]["delta"] if reg.get("overall") else None
             out["regression.overall.low"] = reg["overall"].get("low") if reg.get("overall") else None
@@ -173,6 +177,7 @@ class EvalReport:
             "envs": self.envs.to_dict() if self.envs else None,
             "replay": self.replay.to_dict() if self.replay else None,
             "regression": self.regression,
+            "requests": self.requests.to_dict() if self.requests else None,
             "summary": self.to_dict(),
         }
 
@@ -186,6 +191,7 @@ class EvalReport:
             envs=EnvEval.from_dict(data["envs"]) if data.get("envs") else None,
             replay=ReplayEval.from_dict(data["replay"]) if data.get("replay") else None,
             regression=dict(data["regression"]) if data.get("regression") else None,
+            requests=RequestEval.from_dict(data["requests"]) if data.get("requests") else None,
         )
 
 

@@ -20,7 +20,9 @@ from typing import Any
 from traceops.errors import ConfigError
 from traceops.evaluation.replay import Failed
 from traceops.evaluation.report import EvalReport, regression
+from traceops.evaluation.requests import RequestSet, compare_requests, evaluate_requests
 from traceops.evaluation.runner import evaluate_model
+from traceops.graders import Grader
 from traceops.heldout import RequestParams
 from traceops.model.base import ChatModel, GenerationConfig
 from traceops.registry import CHAMPION  # the champion role is the version holding that alias
@@ -205,14 +207,17 @@ def evaluate_roles(
     failed: Sequence[Failed] = (),
     load: Callable[[RoleSpec], ChatModel] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    requests: RequestSet | None = None,
+    graders: Mapping[str, Grader] | None = None,
 ) -> tuple[dict[str, EvalReport], dict[str, float]]:
     """Evaluate every role on ``capabilities`` (held-out split) and, with ``domain``, the roles in
     ``params.replay_roles`` on the replay of ``replay_sample(failed, params.replay_limit)``; then add
     each trained role's regression against the ``champion`` role when there is one.
 
     One model is loaded at a time (``load``, default ``load_role_model``) and freed before the next;
-    ``progress(role, done, total)`` is called as each role finishes. Returns the reports in ``specs``
-    order and the seconds each role took.
+    ``progress(role, done, total)`` is called as each role finishes. With ``requests`` (the held-out
+    real requests, ``evaluation.requests.select_requests``) every role also replays them, graded by
+    ``graders`` (domain -> grader). Returns the reports in ``specs`` order and the seconds each role took.
     """
     loader = load or (lambda spec: load_role_model(spec, base_model_dir, params.batch_size))
     sample = replay_sample(failed, params.replay_limit)
@@ -248,6 +253,10 @@ def evaluate_roles(
             limit=params.limit,
             batch_size=params.batch_size,
         )
+        if requests is not None:
+            specs_by_domain = {d: params.requests.grader_spec(d) for d in requests.domains}
+            reports[spec.role] = replace(reports[spec.role], requests=evaluate_requests(
+                model, requests, graders or {}, params.generation(), params.batch_size, specs_by_domain))
         del model
         gc.collect()  # free one model's weights before loading the next (memory, not speed)
         seconds[spec.role] = round(time.perf_counter() - started, 2)
@@ -276,4 +285,23 @@ def comparisons(
         theirs = reports.get(reference)
         if mine is not None and mine.envs is not None and theirs is not None and theirs.envs is not None:
             out[f"{candidate} vs {reference}"] = regression(mine.envs, theirs.envs)
+    return out
+
+
+def request_comparisons(
+    reports: Mapping[str, EvalReport],
+    candidate: str = COMPOSITE,
+    references: Sequence[str] = (CHAMPION, BASE),
+) -> dict[str, dict[str, Any]]:
+    """The paired comparisons of ``candidate`` with each reference role on the held-out real requests
+    (``compare_requests``), keyed ``"<candidate> vs <reference>"``; roles without them are left out."""
+    mine = reports.get(candidate)
+    out: dict[str, dict[str, Any]] = {}
+    for reference in references:
+        theirs = reports.get(reference)
+        if mine is None or theirs is None:
+            continue
+        compared = compare_requests(mine.requests, theirs.requests)
+        if compared is not None:
+            out[f"{candidate} vs {reference}"] = compared
     return out

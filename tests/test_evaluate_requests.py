@@ -1,0 +1,140 @@
+"""Evaluation on held-out real requests: selection per domain, grading with the domain's grader (best
+over the references, grader failures recorded), replay through a real model, paired comparisons."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from traceops.evaluation.report import EvalReport
+from traceops.evaluation.requests import (
+    OVER_LIMIT,
+    RequestEval,
+    RequestScore,
+    compare_requests,
+    evaluate_requests,
+    load_graders,
+    score_reply,
+    select_requests,
+)
+from traceops.heldout import RequestParams, is_heldout
+from traceops.model.base import GenerationConfig
+from traceops.schema import Message, Outcome, Source, ToolCall, ToolSpec, Trajectory
+
+WEATHER = ToolSpec(name="get_weather", description="Weather of a city", parameters={
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+TIME = ToolSpec(name="get_time", description="Local time of a city", parameters={
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+ALL = RequestParams(heldout_fraction=0.999999, limit=None)  # (nearly) every task held out
+
+
+def call_text(name: str, **arguments: object) -> str:
+    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+
+
+def logged(task_id: str, domain: str = "weather", city: str = "Paris", success: bool = True,
+           tools: list[ToolSpec] | None = None) -> Trajectory:
+    tool = (tools or [WEATHER])[0]
+    return Trajectory(
+        task_id=task_id, domain=domain, tools=tools or [WEATHER],
+        messages=[Message(role="user", content=f"What about {city}? ({task_id})"),
+                  Message(role="assistant", tool_calls=[ToolCall(id="c", name=tool.name,
+                                                                 arguments={"city": city})])],
+        outcome=Outcome(success=success), source=Source(format="openai", file="calls.jsonl", record=task_id))
+
+
+def test_score_is_the_best_reference_and_typed() -> None:
+    request = select_requests([logged("a", city="Paris")], ALL).requests[0]
+    request = request.model_copy(update={"references": [
+        *request.references, Message(role="assistant", tool_calls=[
+            ToolCall(id="x", name="get_weather", arguments={"city": "Paris, FR"})])]})
+    grader = load_graders(["weather"], ALL)["weather"]
+    assert score_reply(request, call_text("get_weather", city="Paris"), grader).success
+    assert score_reply(request, call_text("get_weather", city="Paris, FR"), grader).score == 1.0
+    wrong = score_reply(request, call_text("get_weather", city="Rome"), grader)
+    assert wrong.score == 0.0 and not wrong.success and wrong.problem is None
+    assert score_reply(request, "It is sunny in Paris.", grader).score == 0.0
+
+
+def test_a_grader_failure_is_recorded_not_scored_zero() -> None:
+    request = select_requests([logged("a")], ALL).requests[0]
+
+    def broken(messages, tools, reply, reference):
+        raise RuntimeError("judge down")
+
+    result = score_reply(request, call_text("get_weather", city="Paris"), broken)
+    assert result.score is None and not result.success
+    assert "judge down" in result.problem and "calls.jsonl:a" in result.problem
+    evaluation = RequestEval(scores=[result, RequestScore("b", "weather", 1.0, "")])
+    assert evaluation.success("weather") == 1.0 and evaluation.graded() == 1
+    assert evaluation.summary()["requests.grader_problems"] == 1
+
+
+def test_selection_per_domain_with_limit_and_reasons(tmp_path: Path) -> None:
+    runs = [logged(f"w{i}") for i in range(5)] + [logged("f0", success=False)]
+    runs += [logged(f"t{i}", domain="clock", tools=[TIME]) for i in range(2)]
+    runs += [Trajectory(task_id="nouser", domain="clock", messages=[Message(role="assistant", content="hi")],
+                        source=Source(format="openai", file="calls.jsonl", record=7))]
+    refs = tmp_path / "refs.jsonl"
+    refs.write_text(json.dumps({"task_id": "t0", "reply": {"content": "no tool for that"}}) + "\n")
+    params = RequestParams(heldout_fraction=0.999999, limit=3, references=str(refs))
+    selected = select_requests(runs, params)
+    assert selected.domains == ["clock", "weather"]
+    assert [r.task_id for r in selected.requests] == ["t0", "t1", "f0", "w0", "w1"][:2] + ["w0", "w1", "w2"]
+    assert len(selected.requests[0].references) == 2  # the logged success and the file's alternative
+    assert selected.skipped["weather/f0"].startswith("no reference")
+    assert selected.skipped["weather/w3"] == OVER_LIMIT and "no user turn" in selected.skipped["clock/nouser"]
+    assert sum(selected.skipped_by_reason().values()) == len(selected.skipped) == 4
+    # The split is the training split's complement: a train task is never replayed.
+    half = select_requests(runs, RequestParams(heldout_fraction=0.5, limit=None))
+    assert all(is_heldout(r.task_id, 0, 0.5) for r in half.requests)
+
+
+def test_unknown_grader_fails_before_any_model_runs() -> None:
+    from traceops.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown grader"):
+        load_graders(["weather"], RequestParams(graders={"weather": "no_such_grader"}))
+
+
+def test_replay_through_a_real_model_uses_each_requests_tools(tiny_model_dir: Path) -> None:
+    from traceops.model.adapted import load_base_model
+    from traceops.model.toolcalls import messages_to_chat, tools_to_openai
+
+    runs = [logged(f"w{i}") for i in range(3)] + [logged(f"t{i}", domain="clock", tools=[TIME, WEATHER])
+                                                  for i in range(2)]
+    selected = select_requests(runs, ALL)
+    model = load_base_model(tiny_model_dir, batch_size=2)
+    config = GenerationConfig(max_new_tokens=8)
+    graders = load_graders(selected.domains, ALL)
+    result = evaluate_requests(model, selected, graders, config, batch_size=2,
+                               grader_specs={"clock": "tool_call_match", "weather": "tool_call_match"})
+    assert [s.task_id for s in result.scores] == [r.task_id for r in selected.requests]
+    assert all(s.score is not None for s in result.scores) and result.graded() == 5
+    clock = selected.requests[0]
+    alone = model.generate([messages_to_chat(clock.messages)], tools=tools_to_openai(clock.tools),
+                           config=config)
+    assert result.scores[0].reply == alone[0]
+    report = EvalReport(name="base", model_id="m", requests=result)
+    again = EvalReport.from_details(json.loads(json.dumps(report.details())))
+    assert again.requests == result and again.to_dict()["requests.graded.clock"] == 2
+
+
+def scores(domain: str, wins: list[int]) -> list[RequestScore]:
+    return [RequestScore(f"{domain}{i}", domain, float(w), "") for i, w in enumerate(wins)]
+
+
+def test_paired_comparison_by_domain() -> None:
+    base = RequestEval(scores=scores("a", [0] * 20) + scores("b", [1] * 10 + [0] * 10))
+    better = RequestEval(scores=scores("a", [1] * 20) + scores("b", [1] * 10 + [0] * 10))
+    same = compare_requests(base, base)
+    assert same["overall"]["low"] == same["overall"]["high"] == 0.0 and same["overall"]["tasks"] == 40
+    gain = compare_requests(better, base)
+    assert gain["overall"]["delta"] == pytest.approx(0.5) and gain["overall"]["low"] > 0.3
+    assert gain["capabilities"]["a"]["delta"] == 1.0 and gain["capabilities"]["b"]["delta"] == 0.0
+    worse = compare_requests(base, better)
+    assert worse["overall"]["high"] < 0
+    assert compare_requests(base, None) is None
+    assert better.success_overall == pytest.approx(0.75) and better.success_overall_ci[0] > 0.5
