@@ -36,6 +36,7 @@ class _Episode:
     messages: list[Message] = field(default_factory=list)
     turns: int = 0
     ended: str | None = None
+    tools: tuple[list[dict[str, Any]], list[ToolSpec]] = ([], [])
 
 
 def _chat(messages: list[Message]) -> list[dict[str, Any]]:
@@ -141,23 +142,31 @@ def run_episodes(model: ChatModel, env_factory: Callable[[], Environment], tasks
             index, task = pending.pop()
             env = env_factory()
             first = env.reset(**task)
-            if type(env) not in specs:
+            if env.tools_vary():  # the task's own tools (a domain's logged tools, offered natively)
                 functions = env.tool_specs()
-                specs[type(env)] = (functions, tool_specs_of(functions))
+                tools = (functions, tool_specs_of(functions))
+            else:
+                if type(env) not in specs:
+                    functions = env.tool_specs()
+                    specs[type(env)] = (functions, tool_specs_of(functions))
+                tools = specs[type(env)]
             messages = [Message(role="system", content=env.system_prompt)] if env.system_prompt else []
             messages.append(Message(role="user", content=first))
-            live.append(_Episode(index=index, task=dict(task), env=env, messages=messages))
-        # One batch per turn; the environments of one factory share their tools.
-        tools = specs[type(live[0].env)][0]
-        texts = model.generate([_chat(e.messages) for e in live], tools=tools, config=config)
-        if len(texts) != len(live):
-            raise ModelError(f"{model.info.model_id}: generate returned {len(texts)} texts for "
-                             f"{len(live)} conversations")
-        for episode, text in zip(live, texts, strict=True):
-            _step(episode, text if isinstance(text, str) else json.dumps(text), max_turns)
+            live.append(_Episode(index=index, task=dict(task), env=env, messages=messages, tools=tools))
+        # One batch per turn and tool list: the episodes of one factory share their tools unless their
+        # tasks bring their own, then episodes with equal tools share a batch.
+        groups: dict[str, list[_Episode]] = {}
+        for episode in live:
+            groups.setdefault(json.dumps(episode.tools[0], sort_keys=True), []).append(episode)
+        for group in groups.values():
+            texts = model.generate([_chat(e.messages) for e in group], tools=group[0].tools[0], config=config)
+            if len(texts) != len(group):
+                raise ModelError(f"{model.info.model_id}: generate returned {len(texts)} texts for "
+                                 f"{len(group)} conversations")
+            for episode, text in zip(group, texts, strict=True):
+                _step(episode, text if isinstance(text, str) else json.dumps(text), max_turns)
         for episode in [e for e in live if e.ended]:
-            results[episode.index] = _finish(model, episode, domain, episode.index,
-                                             specs[type(episode.env)][1])
+            results[episode.index] = _finish(model, episode, domain, episode.index, episode.tools[1])
             live.remove(episode)
             if progress is not None:
                 progress(len(results))

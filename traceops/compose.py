@@ -143,14 +143,13 @@ def _demonstrations(envs_dir: Path, capability: str, split: str, limit: int | No
                     seed: int) -> list[dict[str, Any]]:
     """Up to ``limit`` oracle demonstrations (SFT rows: messages + tools) of a capability's split, a seeded
     sample when the split is larger."""
-    from traceops.train.data import demonstration, load_environment_set
+    from traceops.train.data import load_environment_set, sft_row
 
     env_set = load_environment_set(envs_dir, capability)
     tasks = env_set.tasks(split)
     if limit is not None and len(tasks) > limit:
         tasks = random.Random(f"{seed}:{capability}:{split}").sample(tasks, limit)
     env = env_set.factory()
-    tools = json.dumps(env.tool_specs())
-    return [{"messages": demonstration(env, spec), "tools": tools} for spec in tasks]
+    return [sft_row(env, spec) for spec in tasks]
 
 

@@ -1,9 +1,14 @@
-"""Environments over an API catalog: the task lists the grounded APIs, one generic tool calls them.
+"""Environments over the grounded APIs, in one of two interfaces the task spec names.
 
-TRL reads tools from the class, while the catalog differs per task, so the catalog is part of the
-observation and ``call_api(name, arguments)`` dispatches to it. Calls to APIs outside the catalog are
-no-ops (an error text, not recorded); calls to catalog APIs are recorded even when their arguments are
-invalid, since a malformed call is exactly what the single-call verifier must see.
+Native (``"interface": "native"``, ``traceops.envs.native``): the task's logged tools are the
+environment's tools (``tool_specs()`` returns their specs, ``call_tool`` records calls to them), the
+observation is the user's request alone, and ``calls_reward`` scores the calls against the gold ones.
+Every call is recorded, to an offered tool or not, valid or not: the verifier must see it.
+
+Catalog (the bundled retail domain's families): TRL reads tools from the class, so the catalog is part
+of the observation and ``call_api(name, arguments)`` dispatches to it. Calls to APIs outside the catalog
+are no-ops (an error text, not recorded); calls to catalog APIs are recorded even when their arguments
+are invalid, since a malformed call is exactly what the single-call verifier must see.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from traceops.envs.base import AssistantTurn, Call
 from traceops.envs.dispatch import CachedDispatchEnvironment
 from traceops.envs.family import load_task, oracle_turns
 from traceops.envs.grounding import Grounding, ValueFactory
-from traceops.envs.verify import single_call_reward
+from traceops.envs.native import is_native
+from traceops.envs.phrasing import NO_CALL_CLOSING
+from traceops.envs.verify import calls_reward, single_call_reward
 
 SYSTEM_PROMPT = ("You are a service agent. Use the tools to fulfil the user's request exactly: call an API "
                  "through call_api with its name and a JSON object of arguments. Do not invent values.")
@@ -105,14 +112,50 @@ class ApiCallEnv(CachedDispatchEnvironment):
         self._calls: list[tuple[str, dict[str, Any]]] = []
         self._apis: dict[str, dict[str, Any]] = {}
         self._attempts = 0
+        self._native = False
 
     def reset(self, **task: Any) -> str:
-        """Start an episode on a task spec; returns the catalog and the user's request."""
+        """Start an episode on a task spec; returns the catalog and the user's request (native: the
+        request alone, the tools are the task's own)."""
         self._task = load_task(task, self.capability)
-        self._apis = {a["name"]: a for a in self._task["apis"]}
+        self._native = is_native(self._task)
+        if self._native:
+            self._apis = {s["function"]["name"]: s["function"] for s in self._task["tools"]}
+            self.system_prompt = ""  # the served model's own prompt path: no catalog, no instructions
+        else:
+            self._apis = {a["name"]: a for a in self._task["apis"]}
+            self.system_prompt = type(self).system_prompt
         self._calls = []
         self._attempts = 0
         return self._task["instruction"]
+
+    def tools_vary(self) -> bool:
+        """Native tasks bring their own tools."""
+        return self._native
+
+    def tool_names(self) -> list[str]:
+        """The task's tools (native), else the class's."""
+        return list(self._apis) if self._native else super().tool_names()
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        """The task's tool specs verbatim (native), else the class's tools' specs."""
+        return copy.deepcopy(list(self._task["tools"])) if self._native else super().tool_specs()
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        """Native: record the call and answer like the API would; else dispatch to the class's tools."""
+        if not self._native:
+            return super().call_tool(name, arguments)
+        self._attempts += 1
+        self._calls.append((name, dict(arguments) if isinstance(arguments, dict) else {}))
+        if name not in self._apis:
+            return f"Error: unknown tool '{name}'. Available tools: {', '.join(self._apis)}."
+        from traceops.envs.native import schema_errors
+
+        errors = schema_errors(arguments if isinstance(arguments, dict) else {},
+                               self._apis[name].get("parameters") or {})
+        if errors:
+            return f"Error: {name} rejected the arguments: {'; '.join(errors[:3])}."
+        return json.dumps({"tool": name, "status": "ok"}, sort_keys=True)
 
     def call_api(self, name: str, arguments: dict) -> str:
         """Call one API from the catalog listed in the task.
@@ -138,16 +181,34 @@ class ApiCallEnv(CachedDispatchEnvironment):
     def get_reward(self) -> float:
         """1.0 for exactly the gold call; partial credit below 1.0 for the right API with other arguments."""
         gold = self._task["gold"]
+        if self._native:
+            return calls_reward(self._calls, gold["calls"], self._task["tools"])
         api = self._apis.get(gold["name"], {"args": []})
         return single_call_reward(self._calls, gold["name"], gold["arguments"], enum_args(api),
                                   bool(self._task.get("partial_credit", True)))
 
     def oracle(self) -> list[AssistantTurn]:
-        """The gold call through call_api, then a short confirmation."""
+        """The gold call through call_api, then a short confirmation (native: every gold call in one reply,
+        or, with none, a reply that declines)."""
         gold = self._task["gold"]
+        if self._native:
+            if not gold["calls"]:
+                return [AssistantTurn(content=NO_CALL_CLOSING)]
+            calls = tuple(Call(c["name"], copy.deepcopy(c["arguments"])) for c in gold["calls"])
+            return [AssistantTurn(calls=calls), AssistantTurn(content="Done.")]
         calls = list(self._task.get("lookups", [])) + [
             {"name": "call_api", "arguments": {"name": gold["name"], "arguments": gold["arguments"]}}]
         return oracle_turns(calls, "Done.")
+
+    def _implied_by_default(self, call: Call, key: str) -> bool:
+        """Native: whether argument ``key`` of ``call`` is optional and given as its schema default (so
+        leaving it out is the same call, by the verifier's rule)."""
+        if not self._native:
+            return False
+        schema = (self._apis.get(call.name) or {}).get("parameters") or {}
+        prop = (schema.get("properties") or {}).get(key)
+        return (isinstance(prop, dict) and key not in (schema.get("required") or []) and "default" in prop
+                and prop["default"] == call.arguments.get(key))
 
     def _effect_count(self) -> int:
         """Number of calls with an effect so far (recorded API calls)."""
@@ -155,6 +216,8 @@ class ApiCallEnv(CachedDispatchEnvironment):
 
     def _extra_call(self, call: Call, rng: random.Random) -> Call | None:
         """A call the task did not ask for: here, the API call once more."""
+        if self._native:
+            return Call(call.name, copy.deepcopy(call.arguments))
         return Call(call.name, copy.deepcopy(call.arguments)) if call.name == "call_api" else None
 
     def _depends(self, first: Any, second: Any) -> bool:

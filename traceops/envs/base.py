@@ -57,7 +57,7 @@ class AssistantTurn:
 
 RESERVED = frozenset({"reset", "get_reward", "oracle"})
 # Public helpers of the base class; a subclass overriding one stays hidden from TRL automatically.
-NOT_TOOLS = ("oracle", "respond", "tool_names", "tool_specs", "call_tool")
+NOT_TOOLS = ("oracle", "respond", "tool_names", "tool_specs", "call_tool", "tools_vary")
 
 
 class Environment:
@@ -101,6 +101,13 @@ class Environment:
     def tool_specs(self) -> list[dict[str, Any]]:
         """OpenAI function specs of the tools, derived from type hints and docstrings."""
         return [get_json_schema(getattr(self, name)) for name in self.tool_names()]
+
+    @not_a_tool
+    def tools_vary(self) -> bool:
+        """True when the current task brings its own tools (``tool_specs()`` after ``reset`` differs per
+        task, e.g. a domain's logged tools offered natively): TRL's ``environment_factory``, which reads
+        tools from the class, cannot serve such tasks, so they train single-turn on a replayed reward."""
+        return False
 
     @not_a_tool
     def call_tool(self, name: str, arguments: dict[str, Any]) -> str:

@@ -94,12 +94,9 @@ def sft_records(
 ) -> list[dict[str, Any]]:
     """``{"messages", "tools", "task_id"}`` per task: a conversational SFT dataset from the oracle."""
     env = family.make_env()
-    tools = env.tool_specs()
-    return [
-        {
-            "task_id": t["task_id"],
-            "messages": demonstrations(env, t, arguments_as=arguments_as),
-            "tools": tools,
-        }
-        for t in tasks
-    ]
+    records = []
+    for t in tasks:
+        messages = demonstrations(env, t, arguments_as=arguments_as)
+        # read after the task's reset: a task may bring its own (native) tools
+        records.append({"task_id": t["task_id"], "messages": messages, "tools": env.tool_specs()})
+    return records

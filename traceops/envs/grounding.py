@@ -52,6 +52,10 @@ class Grounding:
     phrasings: tuple[str, ...] = ()
     seed_ids: tuple[str, ...] = ()
     observed_values: frozenset[str] = frozenset()
+    interface: str = "catalog"
+    templates: Mapping[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
+    max_parallel: int = 1
+    no_call_replies: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able view (observed values are summarized by count: they are evaluation data)."""
@@ -64,6 +68,10 @@ class Grounding:
             "phrasings": list(self.phrasings),
             "seed_ids": list(self.seed_ids),
             "observed_values": len(self.observed_values),
+            "interface": self.interface,
+            "templates": {k: [dict(t) for t in v] for k, v in sorted(self.templates.items())},
+            "max_parallel": self.max_parallel,
+            "no_call_replies": self.no_call_replies,
         }
 
     @property
@@ -233,8 +241,28 @@ def _sanitize_phrase(text: str) -> str | None:
     return sentence
 
 
+# Bundled domains whose call-API families keep the catalog interface their recorded results pin (the
+# domain's own environment, traceops.domains, speaks its tools natively); every other domain's logs are
+# spoken natively (DESIGN.md: "Environments speak the agent's own interface").
+CATALOG_DOMAINS = frozenset({"retail"})
+INTERFACES = ("native", "catalog")
+
+
+def _first_exchange(trajectory: Trajectory) -> tuple[str | None, list[Any] | None]:
+    """The first user request and the tool calls of the assistant message that answers it (None when
+    no assistant message follows)."""
+    request = None
+    for message in trajectory.messages:
+        if message.role == "user" and request is None:
+            request = message.content or ""
+        elif message.role == "assistant" and request is not None:
+            return request, list(message.tool_calls or [])
+    return request, None
+
+
 def build_grounding(
-    trajectories: Sequence[Trajectory], *, seed_ids: Sequence[str] = (), exclude: Iterable[str] = ()
+    trajectories: Sequence[Trajectory], *, seed_ids: Sequence[str] = (), exclude: Iterable[str] = (),
+    interface: str | None = None,
 ) -> Grounding:
     """Distill tools, entity formats, outputs and phrasing from ``trajectories``.
 
@@ -242,7 +270,19 @@ def build_grounding(
     no schema come from observed calls (then ``source`` is ``inferred``). With no tools at all the
     built-in retail defaults are used and ``source`` is ``default``. Every observed argument and
     output value joins ``observed_values`` so that generated entities can be kept disjoint from them.
+
+    ``interface`` (``native`` or ``catalog``; None decides) is how the call-API families present the
+    tools: native (the logged specs as the model's own tools) for logged tools of any domain outside
+    ``CATALOG_DOMAINS``. Request templates are mined from logged single-call requests (``phrasing``);
+    ``max_parallel`` is the most calls one logged reply made, ``no_call_replies`` counts successful
+    logged replies that called nothing.
     """
+    from traceops.envs.phrasing import MAX_TEMPLATES, mine_template
+
+    if interface is not None and interface not in INTERFACES:
+        raise GroundingError(f"interface must be one of {list(INTERFACES)}, got {interface!r}")
+    templates: dict[str, list[dict[str, Any]]] = {}
+    max_parallel, no_call = 1, 0
     schemas: dict[str, dict[str, Any]] = {}
     examples: dict[tuple[str, str], list[Any]] = {}
     observed_types: dict[tuple[str, str], str] = {}
@@ -255,6 +295,15 @@ def build_grounding(
         domains.append(trajectory.domain)
         for spec in trajectory.tools:
             schemas.setdefault(spec.name, {"description": spec.description, "parameters": spec.parameters})
+        request, first_calls = _first_exchange(trajectory)
+        if first_calls is not None:
+            max_parallel = max(max_parallel, len(first_calls))
+            no_call += int(not first_calls and trajectory.outcome.succeeded)
+            if len(first_calls) == 1 and request:
+                mined = mine_template(request, first_calls[0].arguments)
+                bucket_t = templates.setdefault(first_calls[0].name, [])
+                if mined and mined not in bucket_t and len(bucket_t) < MAX_TEMPLATES:
+                    bucket_t.append(mined)
         call_names: dict[str, str] = {}
         for message in trajectory.messages:
             if message.role == "user" and message.content:
@@ -307,6 +356,8 @@ def build_grounding(
         for arg in arg_names:
             prop = props.get(arg, {}) if isinstance(props.get(arg), dict) else {}
             declared = prop.get("type")
+            if isinstance(declared, list):  # ["integer", "null"]: the first non-null type
+                declared = next((t for t in declared if t != "null"), None)
             arg_type = declared if isinstance(declared, str) else observed_types.get((name, arg), "string")
             entry: dict[str, Any] = {
                 "name": arg,
@@ -324,24 +375,34 @@ def build_grounding(
             if found:
                 entry["examples"] = found
             args.append(entry)
-        tools.append(
-            {
-                "name": name,
-                "description": str((schema or {}).get("description", ""))[:300],
-                "args": args,
-                "required": [r for r in required if r in arg_names],
-            }
-        )
+        entry_tool: dict[str, Any] = {
+            "name": name,
+            "description": str((schema or {}).get("description", ""))[:300],
+            "args": args,
+            "required": [r for r in required if r in arg_names],
+        }
+        if schema is not None and isinstance(schema.get("parameters"), dict):
+            # The logged spec verbatim: native environments show exactly what the agent was shown.
+            entry_tool["native"] = {"name": name, "description": str(schema.get("description") or ""),
+                                    "parameters": schema["parameters"]}
+        tools.append(entry_tool)
     source = "logs" if schemas and set(called) <= set(schemas) else "inferred"
+    domain = _majority(domains)
+    if interface is None:
+        interface = "catalog" if domain in CATALOG_DOMAINS else "native"
     return Grounding(
         source=source,
-        domain=_majority(domains),
+        domain=domain,
         tools=tuple(tools),
         entities=_entities(tools),
         outputs={k: tuple(v) for k, v in outputs.items() if v},
         phrasings=tuple(phrasings[:32]),
         seed_ids=tuple(seed_ids),
         observed_values=frozenset(observed),
+        interface=interface,
+        templates={k: tuple(v) for k, v in sorted(templates.items()) if v and k in names},
+        max_parallel=max_parallel,
+        no_call_replies=no_call,
     )
 
 
@@ -359,6 +420,8 @@ def _entities(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     entities: dict[str, dict[str, Any]] = {}
     for tool in tools:
         for arg in tool["args"]:
+            if arg.get("type") in ("integer", "number", "boolean"):
+                continue  # a numeric id is a number, never a prefixed string
             values = [v for v in arg.get("examples", []) if isinstance(v, str)]
             emails = [m.group(1) for v in values if (m := _EMAIL.match(v))]
             if emails:
@@ -437,6 +500,8 @@ class ValueFactory:
         """A plausible value for a tool argument, from its kind, type, enum and examples."""
         kind = _id_kind(arg["name"])
         examples = list(arg.get("examples", []))
+        if arg.get("type") in ("integer", "number") and not arg.get("enum"):
+            kind = None  # numeric ids get numbers (below), whatever entity shares their name
         if kind and kind in self.grounding.entities:
             return self.fresh_id(kind)
         if any(isinstance(v, str) and _EMAIL.match(v) for v in examples) or "email" in arg["name"].lower():
@@ -454,6 +519,11 @@ class ValueFactory:
             low = int(min(numbers)) if numbers else 1
             high = int(max(numbers)) if numbers else 9
             value = self.rng.randint(max(1, low), max(low + 5, high, 2))
+            if _id_kind(arg["name"]) and kind_type == "integer":
+                # A numeric id must not be a logged one: redraw above the logged range until fresh.
+                while str(value) in self.exclude or str(value) in self.issued:
+                    value = self.rng.randint(high + 1, high + 10 * max(10, high - low))
+                self.issued.add(str(value))
             return value if kind_type == "integer" else value + self.rng.choice([0.25, 0.5, 0.75])
         if kind_type == "array":
             return [self.rng.choice(WORDS) for _ in range(self.rng.randint(1, 3))]

@@ -131,7 +131,13 @@ def dropped_argument(
     env: Environment, turns: list[AssistantTurn], rng: random.Random, *, targets: list[tuple[int, int]]
 ) -> list[AssistantTurn] | None:
     """Leave out one argument (for call_api: one of the API's arguments)."""
-    picked = _pick(turns, rng, [w for w in targets if _call_at(turns, w).arguments])
+    # An optional argument given as its schema default may be left out (native tools): not an error.
+    implied = getattr(env, "_implied_by_default", lambda call, key: False)
+
+    def droppable(call: Call) -> list[str]:
+        return [k for k in sorted(call.arguments) if not implied(call, k)]
+
+    picked = _pick(turns, rng, [w for w in targets if droppable(_call_at(turns, w))])
     if picked is None:
         return None
     where, call = picked
@@ -140,7 +146,7 @@ def dropped_argument(
         drop = rng.choice(sorted(inner))
         new_args = {**call.arguments, "arguments": {k: v for k, v in inner.items() if k != drop}}
     else:
-        drop = rng.choice(sorted(call.arguments))
+        drop = rng.choice(droppable(call))
         new_args = {k: v for k, v in call.arguments.items() if k != drop}
     return _replace(turns, where, [Call(call.name, new_args)])
 

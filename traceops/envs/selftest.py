@@ -4,7 +4,9 @@
 - every mutation operator (``mutations.OPERATORS``) applied to the oracle scores below 1.0 on at least
   ``threshold`` of the instances it applies to;
 - generation is deterministic: the same seed gives the same instances (compared by content hash) and
-  replaying the oracle twice gives the same reward.
+  replaying the oracle twice gives the same reward;
+- native tasks: every gold call validates against its tool's JSON schema, else ``NativeTaskError``
+  (raised, not counted: a schema-invalid gold call would teach the wrong interface).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from traceops.envs.base import play
 from traceops.envs.family import Family
 from traceops.envs.mutations import OPERATORS, replay_effects
+from traceops.envs.native import check_task, is_native
 from traceops.hashing import content_hash
 
 THRESHOLD = 0.99
@@ -34,6 +37,9 @@ def self_test(
     Returns ``{"passed", "instances", "oracle_rate", "oracle_failures", "operators": {name: {"applied",
     "caught", "rate"}}, "deterministic", "threshold"}``; ``rate`` is None where an operator never applied.
     """
+    for task in tasks:
+        if is_native(task):
+            check_task(task)
     env = family.make_env()
     oracle_ok = 0
     oracle_failures: list[str] = []

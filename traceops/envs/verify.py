@@ -4,7 +4,10 @@
   whitespace, case for enum values), for single-call families;
 - ``state_hash``: canonical sorted JSON hash (``traceops.hashing``) of only the tables a task touches,
   compared with the gold replay's hash, for stateful families;
-- ``single_call_reward``: 1.0 for exactly the gold call, partial credit below 1.0 otherwise.
+- ``single_call_reward``: 1.0 for exactly the gold call, partial credit below 1.0 otherwise;
+- ``calls_reward``: native calls against gold calls by the graders' ``tool_call_match`` (typed values,
+  order-free for parallel calls, optional arguments optional), the rule a domain's real requests are
+  graded by, so environments and evaluation score a reply alike.
 """
 
 from __future__ import annotations
@@ -68,6 +71,24 @@ def single_call_reward(calls: Sequence[tuple[str, Mapping[str, Any]]], gold_name
             return 1.0
         return 0.5 * args_overlap(calls[0][1], gold_args, enum_args) if partial_credit else 0.0
     return 0.0
+
+
+def calls_reward(calls: Sequence[tuple[str, Mapping[str, Any]]], gold: Sequence[Mapping[str, Any]],
+                 tools: Sequence[Mapping[str, Any]]) -> float:
+    """The share of gold calls made exactly (``tool_call_match``: 1.0 only for all of them and nothing
+    else; with no gold call, 1.0 only when nothing was called). ``tools`` are OpenAI function specs."""
+    from traceops.graders.toolcalls import tool_call_match
+    from traceops.schema import Message, ToolCall, ToolSpec
+
+    specs = [ToolSpec(name=t["function"]["name"], description=t["function"].get("description", ""),
+                      parameters=t["function"].get("parameters") or {"type": "object", "properties": {}})
+             for t in tools]
+
+    def message(items: Sequence[tuple[str, Mapping[str, Any]]]) -> Message:
+        return Message(role="assistant", tool_calls=[ToolCall(id=f"call_{i}", name=name, arguments=dict(args))
+                                                     for i, (name, args) in enumerate(items)])
+
+    return tool_call_match([], specs, message(calls), message([(g["name"], g["arguments"]) for g in gold]))
 
 
 def state_hash(tables: Mapping[str, Mapping[str, Any]], touched: Sequence[str]) -> str:

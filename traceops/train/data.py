@@ -75,6 +75,16 @@ def system_prompt(env: Environment) -> str:
     return env.system_prompt or DEFAULT_SYSTEM_PROMPT
 
 
+def first_messages(env: Environment, observation: str) -> list[dict[str, str]]:
+    """The system (``system_prompt``) and user messages an episode starts with. A task that brings its
+    own tools and no system prompt (a domain's logged tools, offered natively) starts with the user's
+    request alone, as the agent loop and the served model see it."""
+    user = {"role": "user", "content": observation}
+    if env.tools_vary() and not env.system_prompt:
+        return [user]
+    return [{"role": "system", "content": system_prompt(env)}, user]
+
+
 def turn_text(turn: AssistantTurn) -> str:
     """One assistant turn as text: its content, then each call as ``<tool_call>{json}</tool_call>``."""
     from traceops.model.toolcalls import assistant_text
@@ -86,7 +96,7 @@ def demonstration(env: Environment, task: dict[str, Any]) -> list[dict[str, str]
     """The oracle's episode on ``task`` as chat messages (system, user, assistant, tool...), verified to
     score 1.0 so a broken oracle never becomes training data."""
     observation = env.reset(**task)
-    messages = [{"role": "system", "content": system_prompt(env)}, {"role": "user", "content": observation}]
+    messages = first_messages(env, observation)
     for turn in env.oracle():
         messages.append({"role": "assistant", "content": turn_text(turn)})
         for call in turn.calls:
@@ -109,16 +119,24 @@ def oracle_turns(env: Environment, task: dict[str, Any]) -> int:
 
 
 def sft_rows(env_set: EnvironmentSet) -> list[dict[str, str | list[dict[str, str]]]]:
-    """SFT rows ``{"messages", "tools"}`` (tools as a JSON string) from the oracle on every train task."""
+    """SFT rows ``{"messages", "tools"}`` (tools as a JSON string) from the oracle on every train task; the
+    tools are read after the task's reset, so tasks that bring their own tools show exactly those."""
     env = env_set.factory()
-    tools = json.dumps(env.tool_specs())
-    return [{"messages": demonstration(env, task), "tools": tools} for task in env_set.tasks("train")]
+    return [sft_row(env, task) for task in env_set.tasks("train")]
+
+
+def sft_row(env: Environment, task: dict[str, Any]) -> dict[str, str | list[dict[str, str]]]:
+    """One SFT row: the oracle's demonstration and the tools (JSON) as shown on this task."""
+    messages = demonstration(env, task)
+    return {"messages": messages, "tools": json.dumps(env.tool_specs())}
 
 
 def is_multi_turn(env_set: EnvironmentSet) -> bool:
-    """True when any train task's oracle needs more than one assistant turn."""
+    """True when any train task's oracle needs more than one assistant turn. Tasks that bring their own
+    tools (``Environment.tools_vary``) are single-turn: TRL's ``environment_factory`` reads tools from
+    the class, so they train on the replayed first turn (their oracle makes every call in it)."""
     env = env_set.factory()
-    return any(oracle_turns(env, task) > 1 for task in env_set.tasks("train"))
+    return any(oracle_turns(env, task) > 1 and not env.tools_vary() for task in env_set.tasks("train"))
 
 
 def grpo_rows(env_set: EnvironmentSet, tokenizer: Any, multi_turn: bool) -> list[dict[str, Any]]:
@@ -128,16 +146,15 @@ def grpo_rows(env_set: EnvironmentSet, tokenizer: Any, multi_turn: bool) -> list
     multi-turn rows hold a conversational prompt whose user turn TRL fills with ``reset``'s observation.
     """
     env = env_set.factory()
-    tools = env.tool_specs()
     rows = []
     for task in env_set.tasks("train"):
         observation = env.reset(**task)
+        tools = env.tool_specs()  # after reset: a task may bring its own tools
         task_json = json.dumps(task, sort_keys=True)
         if multi_turn:
             prompt: Any = [{"role": "system", "content": system_prompt(env)}, {"role": "user", "content": ""}]
         else:
-            messages = [{"role": "system", "content": system_prompt(env)},
-                        {"role": "user", "content": observation}]
+            messages = first_messages(env, observation)
             prompt = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                    add_generation_prompt=True)
         rows.append({"prompt": prompt, "task_json": task_json})

@@ -3,6 +3,10 @@
 Level 1: the values sit in the user's prose; level 2: the prose also mentions distractor values of the
 same kinds that must not be used; level 3: one id is not given at all: the user gives an email and the
 id must be looked up with ``find_records`` first (the lookup is read-only; only the API call counts).
+
+Native tasks (``traceops.envs.native``): level 1 the values in the user's prose; level 2 the prose also
+corrects a value stated earlier (the earlier one must not be used); level 3 several calls in one reply
+when the logs show such replies, else as level 2 with every argument.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from typing import Any, ClassVar
 from traceops.envs.apis import ApiCallEnv, api_view, catalog_text, gold_arguments, render_value
 from traceops.envs.family import Family, opening
 from traceops.envs.grounding import Grounding, ValueFactory
+from traceops.envs.native import call_task
+from traceops.envs.native import gold_arguments as native_arguments
+from traceops.envs.phrasing import spoken_value
 from traceops.envs.verify import normalize_value
 
 
@@ -52,6 +59,8 @@ class ArgumentGroundingFamily(Family):
     def make_task(
         self, rng: random.Random, values: ValueFactory, grounding: Grounding, level: int
     ) -> dict[str, Any]:
+        if grounding.interface == "native":
+            return _native_task(rng, values, grounding, level)
         kinds = {k for k, v in grounding.entities.items() if "prefix" in v}
         with_ids = [
             t
@@ -88,3 +97,27 @@ class ArgumentGroundingFamily(Family):
         spec["gold"] = {"name": api["name"], "arguments": arguments}
         spec["instruction"] = f"{catalog_text([api])}\n\nUser: {request} I want to: {what}."
         return spec
+
+
+def _native_task(rng: random.Random, values: ValueFactory, grounding: Grounding,
+                 level: int) -> dict[str, Any]:
+    """Values to take out of prose; at level 2 one of them corrected, at level 3 several calls."""
+    if level >= 3 and grounding.max_parallel > 1:
+        count = rng.randint(2, min(3, grounding.max_parallel))
+        return call_task(rng, values, grounding, offered=2, calls=count)
+    task = call_task(rng, values, grounding, offered=2, all_args=level >= 3)
+    call = task["gold"]["calls"][0]
+    scalars = sorted(k for k, v in call["arguments"].items()
+                     if isinstance(v, (int, float, str)) and not isinstance(v, bool))
+    if level >= 2 and scalars:
+        name = rng.choice(scalars)
+        tool = grounding.tool(call["name"])
+        for _ in range(5):  # a different value of the same kind
+            decoy = native_arguments(tool, values, [name])[name]
+            if spoken_value(decoy) != spoken_value(call["arguments"][name]):
+                break
+        else:
+            return task
+        typo = f"Ignore the {spoken_value(decoy)} I gave you earlier, it was a typo."
+        task["instruction"] = f"{task['instruction']} {typo}"
+    return task

@@ -3,6 +3,9 @@
 Level 1: an off-domain request (weather, poetry, trivia); level 2: an in-domain action no API offers;
 level 3: a near miss that borrows a catalog API's verb for an object it does not handle. The verifier
 wants a ``refuse`` call and no ``call_api`` attempt at all, so a silent agent earns nothing.
+
+Native tasks (``traceops.envs.native``) offer the logged tools as they are, no ``refuse`` tool among
+them: as in the logs, the right reply to a request no tool serves is one that calls nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from traceops.envs.apis import ApiCallEnv, api_view, catalog_text
 from traceops.envs.base import AssistantTurn, Call
 from traceops.envs.family import Family, opening, oracle_turns
 from traceops.envs.grounding import CITIES, WORDS, Grounding, ValueFactory
+from traceops.envs.native import no_call_task
 
 CATALOG_SIZE = {1: 2, 2: 4, 3: 6}
 OFF_DOMAIN = (
@@ -78,11 +82,15 @@ class IrrelevanceRefusalEnv(ApiCallEnv):
         return "Refusal recorded."
 
     def get_reward(self) -> float:
-        """1.0 when the agent refused and attempted no API call, else 0.0."""
+        """1.0 when the agent refused and attempted no API call, else 0.0 (native: 1.0 for no call)."""
+        if self._native:
+            return super().get_reward()
         return 1.0 if self._refused and self._attempts == 0 else 0.0
 
     def oracle(self) -> list[AssistantTurn]:
-        """Refuse, then tell the user."""
+        """Refuse, then tell the user (native: tell the user, calling nothing)."""
+        if self._native:
+            return super().oracle()
         reason = "None of the available APIs can do this."
         return oracle_turns(
             [{"name": "refuse", "arguments": {"reason": reason}}],
@@ -92,6 +100,8 @@ class IrrelevanceRefusalEnv(ApiCallEnv):
     def _extra_call(self, call: Call, rng: random.Random) -> Call | None:
         """The extra call a refusal must not make: an API call anyway."""
         api = rng.choice(sorted(self._apis))
+        if self._native:
+            return Call(api, {})
         return Call("call_api", {"name": api, "arguments": {}})
 
     def _effect_count(self) -> int:
@@ -108,6 +118,8 @@ class IrrelevanceRefusalFamily(Family):
     def make_task(
         self, rng: random.Random, values: ValueFactory, grounding: Grounding, level: int
     ) -> dict[str, Any]:
+        if grounding.interface == "native":
+            return _native_task(rng, values, grounding, level)
         tools = [api_view(t) for t in grounding.tools]
         rng.shuffle(tools)
         catalog = sorted(tools[: CATALOG_SIZE[min(level, 3)]], key=lambda a: a["name"])
@@ -128,3 +140,19 @@ class IrrelevanceRefusalFamily(Family):
             "gold": {"name": "refuse", "arguments": {}},
             "instruction": f"{catalog_text(catalog)}\n\nUser: {request}",
         }
+
+
+def _native_task(rng: random.Random, values: ValueFactory, grounding: Grounding,
+                 level: int) -> dict[str, Any]:
+    """The logged tools offered natively and a request none of them serves (no opening from the logs:
+    an unseen domain's first sentences are requests the tools do serve)."""
+    size = CATALOG_SIZE[min(level, 3)]
+    if level == 1:
+        request = _fill(rng.choice(OFF_DOMAIN), rng, values)
+    elif level == 2:
+        request = f"Please {_fill(rng.choice(UNSUPPORTED_ACTIONS), rng, values)}."
+    else:
+        verb = rng.choice(list(grounding.tools))["name"].split("_")[0].split(".")[-1].lower()
+        request = (f"Could you {verb} my {rng.choice(FOREIGN_OBJECTS)} for {rng.choice(DAYS)} in "
+                   f"{rng.choice(CITIES)}?")
+    return no_call_task(rng, grounding, size, request)

@@ -3,6 +3,10 @@
 Level 1: a short API, its required arguments; level 2: every argument, mixed types (numbers, flags,
 lists); level 3: a nested object argument (the API's object parameter, or its non-id arguments grouped
 under ``details``) given as dotted paths the agent must assemble into JSON.
+
+Native tasks (``traceops.envs.native``): level 1 one tool, its required arguments, in prose; level 2
+every argument; level 3 several calls of one tool in one reply when the logs show such replies, else a
+tool with a nested object argument (every argument).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any, ClassVar
 from traceops.envs.apis import ApiCallEnv, api_view, catalog_text, gold_arguments, render_value
 from traceops.envs.family import Family, opening
 from traceops.envs.grounding import Grounding, ValueFactory
+from traceops.envs.native import call_task, parameters_of
 
 
 class ToolCallFormatEnv(ApiCallEnv):
@@ -54,6 +59,8 @@ class ToolCallFormatFamily(Family):
     def make_task(
         self, rng: random.Random, values: ValueFactory, grounding: Grounding, level: int
     ) -> dict[str, Any]:
+        if grounding.interface == "native":
+            return _native_task(rng, values, grounding, level)
         tools = sorted(grounding.tools, key=lambda t: (len(t["args"]), t["name"]))
         if level == 1:
             pool = [t for t in tools if 1 <= len(t["args"]) <= 2] or tools[:2]
@@ -89,3 +96,16 @@ class ToolCallFormatFamily(Family):
             "instruction": f"{catalog_text([api])}\n\nUser: {request}",
             "partial_credit": True,
         }
+
+
+def _native_task(rng: random.Random, values: ValueFactory, grounding: Grounding,
+                 level: int) -> dict[str, Any]:
+    """One offered tool; more arguments, then several calls (or nesting), level by level."""
+    if level >= 3 and grounding.max_parallel > 1:
+        count = rng.randint(2, min(3, grounding.max_parallel))
+        return call_task(rng, values, grounding, offered=1, calls=count, all_args=False)
+    nested = [t for t in grounding.tools
+              if any(isinstance(p, dict) and p.get("type") in ("object", "array")
+                     for p in (parameters_of(t).get("properties") or {}).values())]
+    prefer = nested if level >= 3 else [t for t in grounding.tools if 1 <= len(t["args"]) <= 2]
+    return call_task(rng, values, grounding, offered=1, all_args=level >= 2, prefer=prefer)

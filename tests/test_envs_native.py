@@ -1,0 +1,276 @@
+"""Environments in the agent's own interface (issue 28 items 1, 2), over unseen-domain call logs.
+
+The fixture (tests/fixtures/unseen/) is 20 OpenAI call logs of a lab-services agent with six tools
+(integer, number, enum, date-string, nested-object parameters): 12 single calls, 4 replies with several
+calls, 4 replies that call nothing to unrelated requests, and an outcomes side file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from traceops.envs.base import AssistantTurn, Call, play
+from traceops.envs.families import FAMILIES
+from traceops.envs.grounding import build_grounding
+from traceops.envs.native import NativeTaskError, check_task, schema_errors
+from traceops.envs.phrasing import mine_template, spoken_value, unit_of
+from traceops.envs.selftest import self_test
+from traceops.formats.detect import iter_items
+from traceops.schema import Trajectory
+
+FIXTURE = Path(__file__).parent / "fixtures" / "unseen" / "calls.jsonl"
+NATIVE_FAMILIES = ("tool_call_format", "tool_selection", "argument_grounding", "irrelevance_refusal")
+
+
+@pytest.fixture(scope="module")
+def logs() -> list[Trajectory]:
+    items = list(iter_items([FIXTURE]))
+    assert all(isinstance(t, Trajectory) for t in items) and len(items) == 20
+    return items  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="module")
+def grounding(logs):
+    return build_grounding(logs)
+
+
+@pytest.fixture(scope="module")
+def tasks(grounding) -> dict[str, list[dict[str, Any]]]:
+    return {name: FAMILIES[name].generate(grounding, 3, 24) for name in NATIVE_FAMILIES}
+
+
+def logged_specs(logs: list[Trajectory]) -> dict[str, dict[str, Any]]:
+    return {t.name: {"type": "function", "function": {"name": t.name, "description": t.description,
+                                                      "parameters": t.parameters}}
+            for t in logs[0].tools}
+
+
+def test_grounding_speaks_natively_and_mines_the_logged_phrasings(grounding, logs):
+    assert grounding.interface == "native" and grounding.domain == "lab"
+    assert grounding.max_parallel == 3 and grounding.no_call_replies == 4
+    heat = grounding.templates["calculate_heat"]
+    text = "How much heat do I need to warm |mass| kg of water from |initial_temp|K to |final_temp|K?"
+    assert {"args": ["final_temp", "initial_temp", "mass"], "text": text} in heat
+    logged = {str(v) for t in logs for m in t.messages for c in (m.tool_calls or [])
+              for v in c.arguments.values()}
+    for templates in grounding.templates.values():
+        for template in templates:
+            assert not re.search(r"\d", template["text"])  # no logged value survives in a template
+            assert not any(v in template["text"] for v in logged if len(v) > 3)
+    # the bundled retail domain keeps its catalog interface
+    retail = [t.model_copy(update={"domain": "retail"}) for t in logs]
+    assert build_grounding(retail).interface == "catalog"
+
+
+def test_mining_rejects_requests_that_would_copy_values():
+    assert mine_template("Warm 2 kg from 300K to 340K", {"mass": 2, "a": 300, "b": 340}) is not None
+    assert mine_template("Warm 2 kg from 300K to 340K in room 12", {"mass": 2, "a": 300, "b": 340}) is None
+    assert mine_template("Case 7 and case 7", {"case_id": 7}) is None  # ambiguous
+    assert mine_template("Look it up", {"case_id": 7}) is None  # value not in the text
+    assert unit_of("Initial temperature in Kelvin") == "Kelvin" and unit_of("The city of departure") is None
+
+
+def test_environment_tools_are_the_logged_schemas(tasks, logs):
+    specs = logged_specs(logs)
+    for name, family_tasks in tasks.items():
+        env = FAMILIES[name].make_env()
+        for task in family_tasks:
+            env.reset(**task)
+            offered = env.tool_specs()
+            assert offered == [specs[s["function"]["name"]] for s in offered], name
+            assert env.tool_names() == [s["function"]["name"] for s in offered]
+            assert env.tools_vary() and env.system_prompt == ""
+            assert "call_api" not in env.tool_names() and "refuse" not in env.tool_names()
+
+
+def test_gold_calls_are_schema_valid_and_typed(tasks, logs):
+    specs = logged_specs(logs)
+    seen_types = set()
+    for family_tasks in tasks.values():
+        for task in family_tasks:
+            check_task(task)
+            for call in task["gold"]["calls"]:
+                params = specs[call["name"]]["function"]["parameters"]
+                assert schema_errors(call["arguments"], params) == []
+                for key, value in call["arguments"].items():
+                    declared = params["properties"][key]["type"]
+                    seen_types.add(declared)
+                    assert declared != "integer" or (isinstance(value, int) and not isinstance(value, bool))
+                    assert declared != "number" or isinstance(value, (int, float))
+                    if "enum" in params["properties"][key]:
+                        assert value in params["properties"][key]["enum"]
+                    if key == "date":
+                        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", value)
+                    if key == "sample_id":
+                        assert re.fullmatch(r"SMP-\d{5}", value)  # the logged format, a fresh value
+    assert {"integer", "number", "string"} <= seen_types
+    bad = json.loads(json.dumps(tasks["tool_selection"][0]))
+    call = bad["gold"]["calls"][0]
+    key = sorted(call["arguments"])[0]
+    call["arguments"][key] = {"nested": "object"}
+    with pytest.raises(NativeTaskError, match="does not validate"):
+        check_task(bad)
+    with pytest.raises(NativeTaskError):
+        self_test(FAMILIES["tool_selection"], [bad])
+
+
+def test_requests_read_like_users(tasks, grounding):
+    params = {n for t in grounding.tools for a in t["args"] if "_" in a["name"] for n in [a["name"]]}
+    logged_ids = {v for v in grounding.observed_values if v.startswith("SMP-")}
+    for family_tasks in tasks.values():
+        for task in family_tasks:
+            text = task["instruction"]
+            assert not re.search(r"\bUse \w+ ", text) and "call_api" not in text
+            assert not any(word in text for word in ("{", "\"type\"", "properties", "required", "APIs"))
+            assert not any(p in text for p in params), text  # no parameter identifiers
+            assert not any(i in text for i in logged_ids)
+            for call in task["gold"]["calls"]:
+                for value in call["arguments"].values():
+                    if not isinstance(value, (bool, dict, list)):
+                        assert spoken_value(value) in text, (value, text)
+
+
+def test_task_kinds_single_selection_parallel_and_no_call(tasks):
+    every = [t for family_tasks in tasks.values() for t in family_tasks]
+    single = [t for t in every if len(t["gold"]["calls"]) == 1]
+    assert any(len(t["tools"]) == 1 for t in single)
+    assert any(len(t["tools"]) >= 4 for t in single)  # selection among distractors from the logs
+    parallel = [t for t in every if len(t["gold"]["calls"]) > 1]
+    assert parallel and any(len({c["name"] for c in t["gold"]["calls"]}) > 1 for t in parallel)
+    assert all(t["gold"]["calls"] == [] for t in tasks["irrelevance_refusal"])
+
+
+@pytest.mark.parametrize("capability", NATIVE_FAMILIES)
+def test_oracle_scores_one_and_mutations_below(capability, tasks, grounding):
+    family = FAMILIES[capability]
+    report = self_test(family, tasks[capability], regenerated=family.generate(grounding, 3, 24))
+    assert report["passed"] and report["oracle_rate"] == 1.0, report
+    if capability != "irrelevance_refusal":
+        applied = {k for k, v in report["operators"].items() if v["applied"]}
+        assert {"dropped_argument", "wrong_value", "extra_call", "truncated_json"} <= applied
+
+
+def test_verifier_is_type_aware_and_order_free(tasks):
+    env = FAMILIES["argument_grounding"].make_env()
+    parallel = next(t for t in tasks["argument_grounding"] if len(t["gold"]["calls"]) > 1)
+    calls = [Call(c["name"], c["arguments"]) for c in parallel["gold"]["calls"]]
+    assert play(env, parallel, [AssistantTurn(calls=tuple(reversed(calls)))]) == 1.0
+    assert 0.0 < play(env, parallel, [AssistantTurn(calls=tuple(calls[:-1]))]) < 1.0
+    def has_int(call: dict[str, Any]) -> bool:
+        return any(isinstance(v, int) and not isinstance(v, bool) for v in call["arguments"].values())
+
+    single = next(t for family_tasks in tasks.values() for t in family_tasks
+                  if len(t["gold"]["calls"]) == 1 and has_int(t["gold"]["calls"][0]))
+    family = FAMILIES[single["capability"]].make_env()
+    gold = single["gold"]["calls"][0]
+    as_text = {k: str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+               for k, v in gold["arguments"].items()}
+    assert play(family, single, [AssistantTurn(calls=(Call(gold["name"], gold["arguments"]),))]) == 1.0
+    assert play(family, single, [AssistantTurn(calls=(Call(gold["name"], as_text),))]) == 0.0
+    refusal = FAMILIES["irrelevance_refusal"].make_env()
+    task = tasks["irrelevance_refusal"][0]
+    assert play(refusal, task, refusal.oracle() if refusal.reset(**task) else []) == 1.0
+    name = task["tools"][0]["function"]["name"]
+    assert play(refusal, task, [AssistantTurn(calls=(Call(name, {}),))]) == 0.0
+
+
+class _GoldAgent:
+    """A user's agent that answers every request with its gold calls, then "Done.": it records the tools
+    each generate call was given, per conversation."""
+
+    def __init__(self, tasks: list[dict[str, Any]]) -> None:
+        from traceops.model.base import ModelInfo
+
+        self.info = ModelInfo(model_id="gold-agent", weights_hash="none")
+        self.by_request = {t["instruction"]: t for t in tasks}
+        self.seen: list[tuple[str, list[dict[str, Any]]]] = []
+
+    def generate(self, conversations, tools=None, config=None):  # type: ignore[no-untyped-def]
+        from traceops.model.toolcalls import assistant_text
+
+        out = []
+        for conversation in conversations:
+            task = self.by_request[conversation[0]["content"]]
+            self.seen.append((task["task_id"], tools))
+            if conversation[-1]["role"] == "tool" or not task["gold"]["calls"]:
+                out.append("Done.")
+            else:
+                out.append(assistant_text(None, [(c["name"], c["arguments"]) for c in task["gold"]["calls"]]))
+        return out
+
+
+def test_agent_loop_offers_each_task_its_own_tools(tasks):
+    from traceops.agent import run_episodes
+
+    mixed = tasks["tool_selection"][:6] + tasks["irrelevance_refusal"][:4]
+    family = FAMILIES["tool_selection"]
+    agent = _GoldAgent(mixed)
+    trajectories = run_episodes(agent, family.make_env, tasks["tool_selection"][:6], max_turns=3,
+                                batch_size=4)
+    assert [t.outcome.reward for t in trajectories] == [1.0] * 6
+    by_id = {t["task_id"]: t for t in mixed}
+    assert agent.seen and all(tools == by_id[task_id]["tools"] for task_id, tools in agent.seen)
+    assert [[s.name for s in t.tools] for t in trajectories] == [
+        [s["function"]["name"] for s in task["tools"]] for task in tasks["tool_selection"][:6]]
+
+
+def _write_folder(folder: Path, capability: str, tasks: list[dict[str, Any]]) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "train.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    (folder / "manifest.json").write_text(json.dumps({"capability": capability}))
+    return folder
+
+
+def test_training_and_served_prompts_render_the_same_tools(tmp_path, tasks, tiny_model_dir):
+    from traceops.model.chat_template import load_tokenizer
+    from traceops.model.toolcalls import render_prompt
+    from traceops.train.data import grpo_rows, is_multi_turn, load_environment_set, sft_rows
+
+    folder = _write_folder(tmp_path / "sel", "tool_selection", tasks["tool_selection"][:6])
+    env_set = load_environment_set(folder)
+    assert not is_multi_turn(env_set)  # per-task tools: single-turn GRPO on the replayed reply
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    rows = sft_rows(env_set)
+    prompts = grpo_rows(env_set, tokenizer, multi_turn=False)
+    for task, row, prompt in zip(env_set.tasks("train"), rows, prompts, strict=True):
+        assert json.loads(row["tools"]) == task["tools"]
+        assert row["messages"][0] == {"role": "user", "content": task["instruction"]}
+        assert row["messages"][1]["content"].startswith("<tool_call>")
+        served = render_prompt(tokenizer, [{"role": "user", "content": task["instruction"]}], task["tools"])
+        trained = tokenizer.apply_chat_template(row["messages"][:1], tools=json.loads(row["tools"]),
+                                                tokenize=False, add_generation_prompt=True)
+        assert served == trained == prompt["prompt"]
+        for spec in task["tools"]:
+            assert spec["function"]["name"] in served
+            assert json.dumps(spec["function"]["parameters"]["properties"])[:40] in served
+
+
+def test_tiny_sft_step_consumes_native_demos(tmp_path, tasks, tiny_model_dir):
+    from dataclasses import replace
+
+    from transformers import AutoModelForCausalLM
+
+    from traceops.model.chat_template import load_tokenizer
+    from traceops.train.budgets import BUDGETS
+    from traceops.train.config import AdapterSettings
+    from traceops.train.data import load_environment_set, sft_rows
+    from traceops.train.sft import build_sft_trainer, loss_curve
+
+    chosen = tasks["tool_call_format"][:2] + tasks["irrelevance_refusal"][:2]
+    env_set = load_environment_set(_write_folder(tmp_path / "fmt", "tool_call_format", chosen[:2]))
+    rows = sft_rows(env_set)
+    refusal = load_environment_set(_write_folder(tmp_path / "irr", "irrelevance_refusal", chosen[2:]))
+    rows += sft_rows(refusal)
+    assert [m["role"] for m in rows[-1]["messages"]] == ["user", "assistant"]  # the right reply calls nothing
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    budget = replace(BUDGETS["tiny"], sft_steps=1, sft_batch_size=2, save_steps=100)
+    trainer = build_sft_trainer(model, tokenizer, rows, budget, tmp_path / "ckpt", 0, AdapterSettings())
+    trainer.train()
+    losses = loss_curve(trainer.state.log_history)
+    assert len(losses) == 1 and losses[0] > 0

@@ -1,0 +1,211 @@
+"""Native tasks: the logged tools as the model's own tools, schema-valid gold calls, prose requests.
+
+A native task spec (``"interface": "native"``) carries ``tools`` (OpenAI function specs, the logged ones
+verbatim, in the order offered), ``gold`` = ``{"calls": [{"name", "arguments"}, ...]}`` (empty: the right
+answer is to call nothing) and ``instruction``, the user's request alone (no catalog, no schema text).
+The environment shows exactly those tools through ``tool_specs()``, so the chat template renders them
+as it renders the served model's tools. Task kinds: one call; selection among tools offered from the
+same logs; several calls in one reply (when the logs show replies that made several); no call.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from traceops.envs.grounding import CITIES, Grounding, ValueFactory
+from traceops.envs.phrasing import fill_template, joined, request_for
+from traceops.errors import TraceopsError
+
+NATIVE = "native"
+
+
+class NativeTaskError(TraceopsError):
+    """A native task's gold call does not validate against its tool's schema (or the schema is invalid)."""
+
+
+def is_native(task: Mapping[str, Any]) -> bool:
+    """Whether a task spec speaks the native interface."""
+    return task.get("interface") == NATIVE
+
+
+def parameters_of(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """The tool's JSON schema: the logged one verbatim, else one built from the inferred arguments."""
+    native = tool.get("native")
+    if isinstance(native, Mapping) and isinstance(native.get("parameters"), Mapping):
+        return dict(native["parameters"])
+    props: dict[str, Any] = {}
+    for arg in tool["args"]:
+        prop: dict[str, Any] = {"type": arg.get("type", "string")}
+        if arg.get("description"):
+            prop["description"] = arg["description"]
+        if arg.get("enum"):
+            prop["enum"] = list(arg["enum"])
+        if arg.get("properties"):
+            prop["properties"] = {k: {"type": t} for k, t in arg["properties"].items()}
+        props[arg["name"]] = prop
+    return {"type": "object", "properties": props, "required": list(tool.get("required", []))}
+
+
+def function_spec(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """The OpenAI function spec of a grounded tool, as the agent was shown it."""
+    native = tool.get("native") if isinstance(tool.get("native"), Mapping) else {}
+    description = str(native.get("description", tool.get("description", "")))
+    return {"type": "function",
+            "function": {"name": tool["name"], "description": description, "parameters": parameters_of(tool)}}
+
+
+def _type(schema: Mapping[str, Any]) -> str:
+    declared = schema.get("type")
+    if isinstance(declared, list):
+        declared = next((t for t in declared if t != "null"), None)
+    if declared is None:
+        if "properties" in schema:
+            return "object"
+        if "items" in schema:
+            return "array"
+    return str(declared or "string")
+
+
+def _bounded(value: float, schema: Mapping[str, Any], rng: random.Random) -> float:
+    low, high = schema.get("minimum"), schema.get("maximum")
+    if isinstance(low, (int, float)) and value < low or isinstance(high, (int, float)) and value > high:
+        lo = float(low) if isinstance(low, (int, float)) else float(high) - 10
+        hi = float(high) if isinstance(high, (int, float)) else float(low) + 10
+        return rng.uniform(lo, hi)
+    return value
+
+
+def schema_value(values: ValueFactory, name: str, schema: Mapping[str, Any],
+                 arg: Mapping[str, Any] | None = None) -> Any:
+    """A fresh value valid under ``schema``; ``arg`` (the grounding's argument, with logged examples)
+    lets strings and numbers follow the logs' formats and ranges (ids stay disjoint from them)."""
+    rng = values.rng
+    kind = _type(schema)
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return rng.choice(list(schema["enum"]))
+    base = {"name": name, "type": kind, "description": str(schema.get("description", ""))}
+    if arg is not None:
+        base = {**base, "examples": list(arg.get("examples", []))}
+    if kind == "integer":
+        value = values.value_for(base)
+        value = int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 1
+        return int(round(_bounded(value, schema, rng)))
+    if kind == "number":
+        value = values.value_for(base)
+        value = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 1.5
+        return round(float(_bounded(value, schema, rng)), 2)
+    if kind == "boolean":
+        return rng.choice([True, False])
+    if kind == "array":
+        items = schema.get("items") if isinstance(schema.get("items"), Mapping) else {"type": "string"}
+        return [schema_value(values, name.rstrip("s") or name, items) for _ in range(rng.randint(1, 3))]
+    if kind == "object":
+        props = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
+        if not props:
+            return {}
+        required = [k for k in schema.get("required") or [] if k in props] or sorted(props)
+        return {k: schema_value(values, k, props[k] if isinstance(props[k], Mapping) else {})
+                for k in required}
+    if schema.get("format") == "date":
+        return f"2027-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+    if "city" in f"{name} {base['description']}".lower():
+        return rng.choice(CITIES)
+    value = values.value_for({**base, "type": "string"})
+    return value if isinstance(value, str) else str(value)
+
+
+def gold_arguments(tool: Mapping[str, Any], values: ValueFactory, names: Sequence[str]) -> dict[str, Any]:
+    """Schema-valid values for the arguments ``names`` of a grounded tool."""
+    params = parameters_of(tool)
+    props = params.get("properties") if isinstance(params.get("properties"), Mapping) else {}
+    args = {a["name"]: a for a in tool["args"]}
+    return {n: schema_value(values, n, props.get(n) if isinstance(props.get(n), Mapping) else {}, args.get(n))
+            for n in names}
+
+
+def argument_names(tool: Mapping[str, Any], *, all_args: bool) -> list[str]:
+    """The arguments a gold call sets: the required ones (every one when ``all_args`` or none is required)."""
+    params = parameters_of(tool)
+    props = list((params.get("properties") or {}).keys())
+    required = [r for r in params.get("required") or [] if r in props]
+    return props if all_args or not required else required
+
+
+def schema_errors(arguments: Mapping[str, Any], parameters: Mapping[str, Any]) -> list[str]:
+    """Why ``arguments`` do not validate against ``parameters`` (empty when they do, or the schema itself
+    is invalid: then that is the one error)."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    cls = validator_for(dict(parameters))
+    try:
+        cls.check_schema(dict(parameters))
+    except SchemaError as exc:
+        return [f"invalid JSON schema: {exc.message}"]
+    return [f"{'/'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
+            for e in cls(dict(parameters)).iter_errors(dict(arguments))]
+
+
+def check_task(task: Mapping[str, Any]) -> None:
+    """Raise NativeTaskError naming the task, call and field when a gold call is not schema-valid."""
+    specs = {s["function"]["name"]: s["function"] for s in task.get("tools", [])}
+    for index, call in enumerate(task["gold"]["calls"]):
+        spec = specs.get(call["name"])
+        if spec is None:
+            raise NativeTaskError(f"task {task.get('task_id')}: gold call {index} names '{call['name']}', "
+                                  f"which the task does not offer; fix the family")
+        errors = schema_errors(call["arguments"], spec.get("parameters") or {})
+        if errors:
+            raise NativeTaskError(f"task {task.get('task_id')}: gold call {index} to '{call['name']}' does "
+                                  f"not validate against its schema: {'; '.join(errors[:5])}; fix the family "
+                                  f"or the tool's schema in the logs")
+
+
+def _one_call(rng: random.Random, values: ValueFactory, grounding: Grounding, tool: Mapping[str, Any],
+              *, all_args: bool) -> tuple[dict[str, Any], str]:
+    """A gold call to ``tool`` and its request: a mined template of the tool when one fits, else prose."""
+    params = parameters_of(tool)
+    props = params.get("properties") or {}
+    required = set(params.get("required") or [])
+    templates = [t for t in grounding.templates.get(tool["name"], ())
+                 if set(t["args"]) <= set(props) and required <= set(t["args"])]
+    if templates and rng.random() < 0.75:
+        template = rng.choice(templates)
+        arguments = gold_arguments(tool, values, template["args"])
+        if not any(isinstance(v, (bool, list, dict)) for v in arguments.values()):
+            return {"name": tool["name"], "arguments": arguments}, fill_template(template, arguments)
+    arguments = gold_arguments(tool, values, argument_names(tool, all_args=all_args))
+    return ({"name": tool["name"], "arguments": arguments},
+            request_for(rng, tool, arguments, params, ()))
+
+
+def call_task(rng: random.Random, values: ValueFactory, grounding: Grounding, *, offered: int,
+              calls: int = 1, distinct: bool = False, all_args: bool = False,
+              prefer: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """A native task: ``calls`` gold calls (to one tool, or to ``distinct`` tools) among ``offered``
+    tools of the logs (the targets plus distractors drawn from the same logs, shuffled)."""
+    tools = list(grounding.tools)
+    pool = list(prefer) or tools
+    targets = rng.sample(pool, min(len(pool), calls)) if distinct else [rng.choice(pool)] * calls
+    chosen = {t["name"] for t in targets}
+    others = [t for t in tools if t["name"] not in chosen]
+    rng.shuffle(others)
+    menu = [*{t["name"]: t for t in targets}.values(), *others[: max(0, offered - len(chosen))]]
+    rng.shuffle(menu)
+    gold, requests = [], []
+    for tool in targets:
+        call, request = _one_call(rng, values, grounding, tool, all_args=all_args)
+        gold.append(call)
+        requests.append(request)
+    return {"interface": NATIVE, "tools": [function_spec(t) for t in menu], "gold": {"calls": gold},
+            "instruction": joined(requests)}
+
+
+def no_call_task(rng: random.Random, grounding: Grounding, offered: int, request: str) -> dict[str, Any]:
+    """A native task whose request no offered tool serves: the right reply calls nothing."""
+    menu = list(grounding.tools)
+    rng.shuffle(menu)
+    return {"interface": NATIVE, "tools": [function_spec(t) for t in menu[: max(1, offered)]],
+            "gold": {"calls": []}, "instruction": request}
