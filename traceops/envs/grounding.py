@@ -262,7 +262,7 @@ def _first_exchange(trajectory: Trajectory) -> tuple[str | None, list[Any] | Non
 
 def build_grounding(
     trajectories: Sequence[Trajectory], *, seed_ids: Sequence[str] = (), exclude: Iterable[str] = (),
-    interface: str | None = None,
+    interface: str | None = None, phrasing_from: Sequence[Trajectory] | None = None,
 ) -> Grounding:
     """Distill tools, entity formats, outputs and phrasing from ``trajectories``.
 
@@ -273,9 +273,10 @@ def build_grounding(
 
     ``interface`` (``native`` or ``catalog``; None decides) is how the call-API families present the
     tools: native (the logged specs as the model's own tools) for logged tools of any domain outside
-    ``CATALOG_DOMAINS``. Request templates are mined from logged single-call requests (``phrasing``);
-    ``max_parallel`` is the most calls one logged reply made, ``no_call_replies`` counts successful
-    logged replies that called nothing.
+    ``CATALOG_DOMAINS``. Request templates are mined from the single-call requests of ``phrasing_from``
+    (default: ``trajectories``) whose outcome is not a failure (a failed reply may have put a value in
+    the wrong argument); ``max_parallel`` is the most calls one logged reply made, ``no_call_replies``
+    counts the replies (not failed) that called nothing.
     """
     from traceops.envs.phrasing import MAX_TEMPLATES, mine_template
 
@@ -295,15 +296,6 @@ def build_grounding(
         domains.append(trajectory.domain)
         for spec in trajectory.tools:
             schemas.setdefault(spec.name, {"description": spec.description, "parameters": spec.parameters})
-        request, first_calls = _first_exchange(trajectory)
-        if first_calls is not None:
-            max_parallel = max(max_parallel, len(first_calls))
-            no_call += int(not first_calls and trajectory.outcome.succeeded)
-            if len(first_calls) == 1 and request:
-                mined = mine_template(request, first_calls[0].arguments)
-                bucket_t = templates.setdefault(first_calls[0].name, [])
-                if mined and mined not in bucket_t and len(bucket_t) < MAX_TEMPLATES:
-                    bucket_t.append(mined)
         call_names: dict[str, str] = {}
         for message in trajectory.messages:
             if message.role == "user" and message.content:
@@ -333,6 +325,17 @@ def build_grounding(
                         if key not in keys and len(keys) < 16:
                             keys.append(str(key))
                     observed.update(str(leaf) for leaf in _leaves(parsed) if leaf is not None)
+    for trajectory in phrasing_from if phrasing_from is not None else trajectories:
+        request, first_calls = _first_exchange(trajectory)
+        if first_calls is None:
+            continue
+        max_parallel = max(max_parallel, len(first_calls))
+        no_call += int(not first_calls and not trajectory.outcome.failed)
+        if len(first_calls) == 1 and request and not trajectory.outcome.failed:
+            mined = mine_template(request, first_calls[0].arguments)
+            bucket = templates.setdefault(first_calls[0].name, [])
+            if mined and mined not in bucket and len(bucket) < MAX_TEMPLATES:
+                bucket.append(mined)
     names = sorted(set(schemas) | set(called))
     if not names:
         return Grounding(

@@ -145,7 +145,9 @@ def synthesize_one(
             f"no failed trajectory is labelled '{capability}': grounded on all {len(basis)} "
             f"trajectories instead"
         )
-    grounding = build_grounding(basis, seed_ids=[t.id for t in seeds], exclude=exclude)
+    # Phrasing and reply shapes come from every logged request, the tools and values from the seeds.
+    grounding = build_grounding(basis, seed_ids=[t.id for t in seeds], exclude=exclude,
+                                phrasing_from=trajectories)
     if grounding.source == "default":
         notes.append(
             "the logs carry no tools (no schemas, no observed calls): the family uses its built-in "
@@ -210,6 +212,10 @@ def synthesize_one(
         "calibration": calibration,
         "grounding": {
             "source": grounding.source,
+            "interface": grounding.interface,
+            "request_templates": sum(len(v) for v in grounding.templates.values()),
+            "max_parallel_calls": grounding.max_parallel,
+            "no_call_replies": grounding.no_call_replies,
             "hash": grounding.hash,
             "domain": grounding.domain,
             "tools": [t["name"] for t in grounding.tools],
