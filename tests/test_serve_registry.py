@@ -158,19 +158,27 @@ def test_cli_serves_the_champion_over_http(registered: Path) -> None:
                 assert time.monotonic() < deadline, log.read_text()
                 time.sleep(1)
         assert "serving traceops.composite version 1" in log.read_text()
-        (entry,) = models["data"]
+        entry = models["data"][0]  # the default first, then its base and every registered adapter
+        assert entry["id"] == registry.COMPOSITE_MODEL and entry["traceops_default"]
         assert entry["traceops_registered"]["name"] == registry.COMPOSITE_MODEL
         assert entry["traceops_registered"]["version"] == "1"
-        assert f"+moe:{CAP}" in entry["id"] and entry["traceops_weights_hash"]
+        assert f"+moe:{CAP}" in entry["traceops_model_id"] and entry["traceops_weights_hash"]
         official = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
-        assert [m.id for m in official.models.list().data] == [entry["id"]]
+        assert [m.id for m in official.models.list().data] == [m["id"] for m in models["data"]]
+        assert ADAPTER in [m["id"] for m in models["data"]]
         reply = official.chat.completions.create(model="traceops.composite@champion", messages=CHAT,
                                                  tools=[WEATHER], max_tokens=4)
         assert reply.model == entry["id"] and reply.usage.completion_tokens >= 1
         assert reply.choices[0].message.role == "assistant"
-        client = load_model(url)
-        assert client.info.model_id == entry["id"]
+        assert reply.system_fingerprint == entry["traceops_fingerprint"]
+        assert reply.system_fingerprint.startswith(f"{registry.COMPOSITE_MODEL}/1:")
+        client = load_model(f"{url}#{registry.COMPOSITE_MODEL}")
+        assert client.info.weights_hash == entry["traceops_weights_hash"]
         assert len(client.generate([CHAT], [WEATHER], GenerationConfig(max_new_tokens=4))) == 1
+        # Both exchanges went to the home's traffic log.
+        logged = [line for f in (registered / "data" / "raw" / "served").glob("served-*.jsonl")
+                  if not f.name.endswith(".outcomes.jsonl") for line in f.read_text().splitlines()]
+        assert len(logged) == 2
     finally:
         proc.terminate()
         proc.wait(timeout=30)
