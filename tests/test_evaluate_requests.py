@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_promote_stage import versions as registered_versions  # noqa: F401  (a fixture)
 
 from traceops.evaluation.report import EvalReport
 from traceops.evaluation.requests import (
@@ -138,3 +139,76 @@ def test_paired_comparison_by_domain() -> None:
     assert worse["overall"]["high"] < 0
     assert compare_requests(base, None) is None
     assert better.success_overall == pytest.approx(0.75) and better.success_overall_ci[0] > 0.5
+
+
+def with_requests(report: EvalReport, wins: int, n: int = 20, domain: str = "bfcl") -> EvalReport:
+    """``report`` with ``wins`` of ``n`` held-out real requests of ``domain`` right."""
+    from dataclasses import replace
+
+    return replace(report, requests=RequestEval(scores=scores(domain, [1] * wins + [0] * (n - wins))))
+
+
+def test_gate_blocks_a_regression_on_real_requests_the_synthetic_splits_miss() -> None:
+    from test_promote import BASE, CHAMPION
+    from test_promote import report as env_report
+
+    from traceops.promote import Gates, decide
+
+    better = env_report("composite", {"a": 0.9, "b": 0.8}, repeat=0.1)
+    assert decide(better, CHAMPION, BASE).promote  # no real requests: the check is not applied, and said
+    assert "not compared" in " ".join(decide(better, CHAMPION, BASE).reasons)
+    # The champion declined all 20 requests right; the candidate gets 11: blocked whatever the splits say.
+    regressed = decide(with_requests(better, 11), with_requests(CHAMPION, 20), BASE)
+    check = regressed.checks["real_requests"]
+    assert not regressed.promote and not check["passed"] and not check["inconclusive"]
+    assert check["tasks"] == 20 and check["high"] < 0 and "Held-out real requests" in regressed.reasons[-2]
+    kept = decide(with_requests(better, 20), with_requests(CHAMPION, 20), BASE)
+    assert kept.promote and kept.checks["real_requests"]["passed"]
+    # The same on 5 requests: fewer paired requests than min_paired_tasks, too small to conclude.
+    few = decide(with_requests(better, 5, n=5), with_requests(CHAMPION, 5, n=5), BASE)
+    assert not few.promote and few.checks["real_requests"]["inconclusive"]
+    # First night: against the base.
+    first = decide(with_requests(better, 12), None, with_requests(BASE, 20))
+    assert not first.promote and not first.checks["real_requests"]["passed"]
+    assert decide(with_requests(better, 12), None, with_requests(BASE, 20),
+                  Gates(max_real_regression=1.0)).checks["real_requests"]["passed"]
+
+
+def test_max_real_regression_param() -> None:
+    from traceops.errors import ConfigError
+    from traceops.promote import Gates
+
+    assert Gates().max_real_regression == 0.05
+    assert Gates.from_params({"max_real_regression": 0.1}).max_real_regression == 0.1
+    with pytest.raises(ConfigError, match="max_real_regression"):
+        Gates.from_params({"max_real_regression": -0.1})
+
+
+@pytest.mark.slow
+def test_promote_stage_keeps_a_real_request_regression_as_challenger(home: Path,
+                                                                     registered_versions: list[str]) -> None:  # noqa: F811
+    """Through the promote flow (real MLflow registry): a first-night composite that beats the base on
+    every synthetic split but drops on held-out real requests stays challenger; the check is logged."""
+    from mlflow.tracking import MlflowClient
+    from test_promote_stage import CAPS, aliases, report
+
+    from traceops import config, registry
+    from traceops.evaluation.report import write_reports
+    from traceops.flows.promote import promote_flow
+
+    versions = registered_versions
+    paths = config.load(home).paths
+    base = with_requests(report("base", {c: 2 for c in CAPS}, 4), 20)
+    composite = with_requests(report("composite", {c: 9 for c in CAPS}, 0), 11)
+    roles = {"base": {"kind": "base", "ref": None},
+             "composite": {"kind": "composite",
+                           "ref": {"name": registry.COMPOSITE_MODEL, "version": versions[0]}}}
+    eval_json = write_reports({"base": base, "composite": composite}, paths.eval / "eval.json",
+                              {"roles": roles})
+    result = promote_flow(home=str(home), evaluation=str(eval_json))
+    assert not result.promoted and result.alias == "challenger"
+    assert result.checks["beats_base"]["passed"] and not result.checks["real_requests"]["passed"]
+    assert aliases(paths) == {"challenger": versions[0]}
+    run = MlflowClient(paths.mlflow_uri).get_run(result.mlflow_run)
+    assert run.data.metrics["check.real_requests.passed"] == 0.0
+    assert run.data.metrics["check.real_requests.high"] < 0

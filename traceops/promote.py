@@ -11,7 +11,13 @@ the point estimate alone, so a handful of tasks cannot promote on noise. Rules (
 - ``max_capability_regression`` (0.05): no capability's interval may admit a drop of more than this
   against the champion (its lower bound must be at least ``-max_capability_regression``);
 - ``repeat_failure_not_worse`` (true): the candidate's repeat-failure rate on the replayed logged
-  failures must not exceed the champion's.
+  failures must not exceed the champion's;
+- ``max_real_regression`` (0.05): on the held-out real requests (logged requests training never saw,
+  the agent's logged successes among them), the lower bound of the candidate's paired difference from
+  the champion (the base on a first night) must be above ``-max_real_regression``: a regression on what
+  the agent already did right blocks promotion. Fewer paired requests than ``min_paired_tasks`` is too
+  small to conclude and fails like the margin rule; a night with no graded held-out request on either
+  side does not apply the check and says so.
 
 First night (no champion): the lower bound of the candidate's overall gain over the *base* model must be
 above 0 and, with ``repeat_failure_not_worse``, it must not repeat more logged failures than the base
@@ -28,6 +34,7 @@ from typing import Any
 
 from traceops.errors import ConfigError
 from traceops.evaluation.report import EvalReport, regression
+from traceops.evaluation.requests import compare_requests
 from traceops.registry import CHALLENGER, CHAMPION
 
 EPS = 1e-9  # success rates are ratios of small integers: compare with a tolerance, not exactly
@@ -41,6 +48,7 @@ class Gates:
     max_capability_regression: float = 0.05
     repeat_failure_not_worse: bool = True
     min_paired_tasks: int = 16
+    max_real_regression: float = 0.05
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any] | None) -> Gates:
@@ -61,6 +69,7 @@ class Gates:
                 ),
                 repeat_failure_not_worse=flag,
                 min_paired_tasks=int(values.get("min_paired_tasks", cls.min_paired_tasks)),
+                max_real_regression=float(values.get("max_real_regression", cls.max_real_regression)),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(
@@ -77,6 +86,11 @@ class Gates:
             raise ConfigError(
                 f"params.yaml promote.max_capability_regression is "
                 f"{gates.max_capability_regression}; use a value in [0, 1]"
+            )
+        if not 0.0 <= gates.max_real_regression <= 1.0:
+            raise ConfigError(
+                f"params.yaml promote.max_real_regression is {gates.max_real_regression}; use a value "
+                "in [0, 1]"
             )
         return gates
 
@@ -229,6 +243,52 @@ def _repeat_check(candidate: EvalReport, reference: EvalReport, role: str) -> tu
     )
 
 
+MORE_REQUESTS = (
+    "hold out more logged requests with a reference (params.yaml evaluate.requests: heldout_fraction, "
+    "limit, or a references file) before promoting on them"
+)
+
+
+def _real_requests_check(
+    candidate: EvalReport, reference: EvalReport, role: str, limit: float, min_tasks: int
+) -> tuple[dict[str, Any], str]:
+    compared = compare_requests(candidate.requests, reference.requests)
+    row = compared["overall"] if compared else None
+    if row is None:
+        graded = max(r.requests.graded() if r.requests else 0 for r in (candidate, reference))
+        if graded == 0:
+            return (
+                _check(True, None, -limit, applied=False),
+                "Held-out real requests not compared: none with a reference was graded tonight "
+                f"(logged successes or evaluate.requests.references give them); {MORE_REQUESTS}.",
+            )
+        return (
+            _check(False, None, -limit, inconclusive=True),
+            f"Held-out real requests cannot be compared: the candidate and the {role} were not graded "
+            "on the same requests; evaluate both in the same night (failed).",
+        )
+    low, tasks, delta = row["low"], row["tasks"], row["delta"]
+    enough = tasks >= min_tasks
+    passed = enough and low is not None and low > -limit + EPS
+    inconclusive = not passed and delta is not None and delta > -limit + EPS
+    text = (
+        f"Held-out real requests: success {row['candidate']:.3f} vs {role} {row['champion']:.3f} on "
+        f"{tasks} paired request{'' if tasks == 1 else 's'} over {len(compared['shared'])} "
+        f"domain{'' if len(compared['shared']) == 1 else 's'}: {delta:+.3f}, {_interval(row)}; the lower "
+        f"bound must be above {-limit:+.3f} ({'passed' if passed else 'failed'})."
+    )
+    if inconclusive:
+        few = "" if enough else f" (fewer than the {min_tasks} paired requests an interval needs)"
+        text = (f"{text[:-1]}: a drop of more than {limit:.3f} cannot be ruled out on {tasks} "
+                f"request{'' if tasks == 1 else 's'}{few}; {MORE_REQUESTS}.")
+    return (
+        _check(passed, low, -limit, delta=delta, low=low, high=row["high"], tasks=tasks,
+               candidate=row["candidate"], reference=row["champion"], shared=compared["shared"],
+               inconclusive=inconclusive),
+        text,
+    )
+
+
 def decide(
     candidate: EvalReport, champion: EvalReport | None, base: EvalReport, gates: Gates | None = None
 ) -> Decision:
@@ -255,6 +315,12 @@ def decide(
     if gates.repeat_failure_not_worse:
         checks["repeat_failure_not_worse"], text = _repeat_check(candidate, reference, role)
         reasons.append(text)
+    real, text = _real_requests_check(
+        candidate, reference, role, gates.max_real_regression, gates.min_paired_tasks
+    )
+    if real.get("applied", True):  # not applied (no graded held-out request): said, not counted
+        checks["real_requests"] = real
+    reasons.append(text)
     promote = all(c["passed"] for c in checks.values())
     failed = [n for n, c in checks.items() if not c["passed"]]
     unclear = [n for n in failed if checks[n].get("inconclusive")]
