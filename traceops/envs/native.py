@@ -113,6 +113,8 @@ def schema_value(values: ValueFactory, name: str, schema: Mapping[str, Any],
     if "city" in f"{name} {base['description']}".lower():
         return rng.choice(CITIES)
     value = values.value_for({**base, "type": "string"})
+    if isinstance(value, str) and "name" in f"{name} {base['description']}".lower() and " " in value:
+        return value.title()  # a name reads as one: "Onyx Lumen"
     return value if isinstance(value, str) else str(value)
 
 

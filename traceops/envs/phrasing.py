@@ -18,7 +18,7 @@ from typing import Any
 
 _LEFTOVER = re.compile(r"[\d@#{}]")
 _UNIT = re.compile(
-    r"\b(?:in|measured in|unit(?:s)?(?: is| of)?:?)\s+(?:the\s+)?(?:units? of\s+)?"
+    r"\b(?:in|measured in|unit(?:s)?(?: is| of)?:?)\s+(?:units? of\s+)?"
     r"([A-Za-z°][A-Za-z°/^²³-]*(?:\s(?:per|squared|cubed)\s[A-Za-z]+)?)",
     re.IGNORECASE,
 )
@@ -193,5 +193,6 @@ def joined(requests: Sequence[str]) -> str:
     links = ("Also,", "And then", "Besides that,", "One more:")
     out = [requests[0]]
     for index, text in enumerate(requests[1:]):
-        out.append(f"{links[index % len(links)]} {text[0].lower()}{text[1:]}")
+        keep = text[:2] in ("I ", "I'") or text[1:2].isupper()  # "I need", "NASA"
+        out.append(f"{links[index % len(links)]} {text if keep else text[0].lower() + text[1:]}")
     return " ".join(out)
