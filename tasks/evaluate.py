@@ -156,7 +156,8 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
         }
         eval_json = write_reports(reports, paths.eval / EVAL_JSON, meta)
         report_path = render_eval_html(reports, paths.eval / REPORT_HTML, title="traceops evaluation",
-                                       comparisons=meta["comparisons"])
+                                       comparisons=meta["comparisons"],
+                                       request_comparisons=meta["request_comparisons"])
         for role, report in reports.items():
             mlflow.log_metrics({f"{metric_prefix(role)}.{name}": value
                                 for name, value in report.metrics().items()})

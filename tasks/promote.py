@@ -12,7 +12,7 @@ from traceops import config, registry
 from traceops.errors import StageError
 from traceops.evaluation.html import render_eval_html
 from traceops.evaluation.report import read_reports
-from traceops.evaluation.stage import BASE, CHAMPION, COMPOSITE, comparisons
+from traceops.evaluation.stage import BASE, CHAMPION, COMPOSITE, comparisons, request_comparisons
 from traceops.promote import Gates, decide
 from traceops.results import PromoteResult, VersionRef
 from traceops.tags import TAG_CANDIDATE, TAG_DECISION
@@ -87,7 +87,8 @@ def promote_task(eval_json: str, version: str | None = None, home: str | None = 
             )
             report = render_eval_html(reports, Path(eval_json).with_name("report.html"), decision=decision,
                                       title="traceops evaluation and promotion",
-                                      comparisons=comparisons(reports))
+                                      comparisons=comparisons(reports),
+                                      request_comparisons=request_comparisons(reports))
             mlflow.log_artifact(str(report), "evaluation")
             for check, row in decision.checks.items():
                 mlflow.log_metric(f"check.{check}.passed", float(bool(row["passed"])))

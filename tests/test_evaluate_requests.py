@@ -209,6 +209,26 @@ def test_promote_stage_keeps_a_real_request_regression_as_challenger(home: Path,
     assert not result.promoted and result.alias == "challenger"
     assert result.checks["beats_base"]["passed"] and not result.checks["real_requests"]["passed"]
     assert aliases(paths) == {"challenger": versions[0]}
+    assert "55% [34-74] of 20" in (paths.eval / "report.html").read_text().split("Held-out real requests")[1]
     run = MlflowClient(paths.mlflow_uri).get_run(result.mlflow_run)
     assert run.data.metrics["check.real_requests.passed"] == 0.0
     assert run.data.metrics["check.real_requests.high"] < 0
+
+
+def test_report_page_shows_real_requests_beside_the_splits(tmp_path: Path) -> None:
+    from traceops.evaluation.html import render_eval_html
+    from traceops.evaluation.stage import request_comparisons
+
+    base = EvalReport(name="base", model_id="b", requests=RequestEval(
+        scores=scores("bfcl", [1] * 20) + [RequestScore("x", "bfcl", None, "", problem="judge down")],
+        skipped={"no reference": 3}, graders={"bfcl": "tool_call_match"}))
+    composite = EvalReport(name="composite", model_id="c",
+                           requests=RequestEval(scores=scores("bfcl", [1] * 11 + [0] * 9)))
+    reports = {"base": base, "composite": composite}
+    compared = request_comparisons(reports)
+    assert list(compared) == ["composite vs base"] and compared["composite vs base"]["overall"]["high"] < 0
+    page = render_eval_html(reports, tmp_path / "r.html", request_comparisons=compared).read_text()
+    section = page.split("Held-out real requests")[1]
+    assert "100% [84-100] of 20" in section and "55% [34-74] of 20" in section
+    assert "bfcl: tool_call_match" in section and "3 no reference" in section and "base: 1" in section
+    assert "composite vs base" in section and "worse" in section

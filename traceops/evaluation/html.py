@@ -129,9 +129,17 @@ def _interval_table(reports: Mapping[str, EvalReport], capabilities: Sequence[st
     )
 
 
-def _comparison_section(comparisons: Mapping[str, Mapping[str, Any]]) -> str:
-    """Each paired comparison (``stage.comparisons``): the difference per capability and overall with
-    its paired bootstrap interval, and whether the interval is too wide to conclude."""
+MORE_TEST_TASKS = ("evaluate more test tasks per capability (params.yaml evaluate.limit, or "
+                   "<code>traceops evaluate --full</code>)")
+MORE_REQUESTS = ("hold out more logged requests with a reference (params.yaml evaluate.requests: "
+                 "heldout_fraction, limit, references)")
+
+
+def _comparison_section(comparisons: Mapping[str, Mapping[str, Any]], column: str = "capability",
+                        more: str = MORE_TEST_TASKS) -> str:
+    """Each paired comparison (``stage.comparisons``): the difference per capability (``column``; a
+    domain for the real requests) and overall with its paired bootstrap interval, and whether the
+    interval is too wide to conclude (then what to do: ``more``)."""
     if not comparisons:
         return "<p>No paired comparison (the composite, base or champion was not evaluated).</p>"
     parts = []
@@ -148,13 +156,12 @@ def _comparison_section(comparisons: Mapping[str, Mapping[str, Any]]) -> str:
         wide = [c for c, r in rows if verdict(r.get("low"), r.get("high")) == "too wide to conclude"]
         note = (
             f'<p class="wide">Too few tasks to tell {_e(title)} apart on: {_e(", ".join(wide))}; '
-            "evaluate more test tasks per capability (params.yaml evaluate.limit, or "
-            "<code>traceops evaluate --full</code>) before reading a winner into these numbers.</p>"
+            f"{more} before reading a winner into these numbers.</p>"
             if wide
             else ""
         )
         parts.append(
-            f"<h3>{_e(title)}</h3><table><tr><th>capability</th><th>paired tasks</th>"
+            f"<h3>{_e(title)}</h3><table><tr><th>{_e(column)}</th><th>paired tasks</th>"
             f"<th>difference [95% interval]</th><th>verdict</th></tr>{body}</table>{note}"
         )
     method = next(iter(comparisons.values())).get("interval") or {}
@@ -163,6 +170,40 @@ def _comparison_section(comparisons: Mapping[str, Mapping[str, Any]]) -> str:
         f"{_e(method.get('resamples', 'n/a'))} resamples, seed {_e(method.get('seed', 'n/a'))}.</p>"
     )
     return "".join(parts)
+
+
+def _requests_section(reports: Mapping[str, EvalReport],
+                      comparisons: Mapping[str, Mapping[str, Any]]) -> str:
+    """Success on the held-out real requests per domain and model (95% Wilson interval, graded count),
+    the grader of each domain, what was not replayed and why, grader failures, and the paired
+    comparisons on the same requests (``stage.request_comparisons``)."""
+    evaluated = {name: r.requests for name, r in reports.items() if r.requests is not None}
+    if not evaluated:
+        return "<p>Held-out real requests were not evaluated.</p>"
+    domains = sorted({d for e in evaluated.values() for d in e.domains})
+    rows = []
+    for domain in [*domains, "overall"]:
+        cells = []
+        for requests in evaluated.values():
+            if domain == "overall":
+                cells.append(format_rate(requests.success_overall, requests.success_overall_ci))
+            elif domain in requests.domains:
+                rate = format_rate(requests.success(domain), requests.success_ci(domain))
+                cells.append(f"{rate} of {requests.graded(domain)}")
+            else:
+                cells.append("n/a")
+        rows.append(f"<tr><td>{_e(domain)}</td>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    table = ("<table><tr><th>domain</th>" + "".join(f"<th>{_e(n)}</th>" for n in evaluated) + "</tr>"
+             + "".join(rows) + "</table>")
+    first = next(iter(evaluated.values()))
+    graders = ", ".join(f"{d}: {g}" for d, g in sorted(first.graders.items())) or "n/a"
+    skipped = "; ".join(f"{n} {reason}" for reason, n in first.skipped.items()) or "none"
+    problems = {name: len(e.problems) for name, e in evaluated.items() if e.problems}
+    failing = (f"<p class=\"fail\">Grader failures (recorded, not scored): "
+               f"{_e(', '.join(f'{n}: {c}' for n, c in problems.items()))}; see eval.json.</p>"
+               if problems else "")
+    return (f"{table}<p>Graders: {_e(graders)}. Not replayed: {_e(skipped)}.</p>{failing}"
+            + _comparison_section(comparisons, column="domain", more=MORE_REQUESTS))
 
 
 def _verdict_css(row: Mapping[str, Any]) -> str:
@@ -257,6 +298,7 @@ def render_eval_html(
     decision: Any = None,
     title: str = "traceops evaluation",
     comparisons: Mapping[str, Mapping[str, Any]] | None = None,
+    request_comparisons: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Path:
     """Write the comparison page of ``reports`` (name -> report, in display order) to ``out``.
 
@@ -264,8 +306,9 @@ def render_eval_html(
     repeat-failure rates of the logged failures per model (before: the base model; after: each trained
     model). Tables: success with 95% Wilson intervals, and ``comparisons`` (``stage.comparisons``:
     composite vs champion and vs base on the same tasks) with paired bootstrap intervals, saying where
-    an interval is too wide to conclude. ``decision`` (a ``promote.Decision``) adds the promotion
-    verdict, reasons and checks.
+    an interval is too wide to conclude; the held-out real requests per domain beside them, with
+    ``request_comparisons`` (``stage.request_comparisons``). ``decision`` (a ``promote.Decision``) adds
+    the promotion verdict, reasons and checks.
     """
     names = list(reports)
     capabilities = sorted({c for r in reports.values() for c in r.success})
@@ -290,6 +333,8 @@ def render_eval_html(
         _interval_table(reports, capabilities),
         "<h2>Paired comparisons on the same tasks</h2>",
         _comparison_section(comparisons or {}),
+        "<h2>Held-out real requests (logged, never trained on)</h2>",
+        _requests_section(reports, request_comparisons or {}),
         "<h2>Summary</h2>",
         _summary_table(reports),
         "<h2>Regression against the champion</h2>",
