@@ -146,6 +146,9 @@ def synthesize(
     n_train: int | None = typer.Option(None, "--n-train", help="Training tasks per capability."),
     calibrate: str | None = typer.Option(None, "--calibrate",
                                          help="Measure this model's success per level (e.g. embedded)."),
+    llm: str | None = typer.Option(None, "--llm", help="An OpenAI-compatible model (URL#model) that "
+                                   "rewrites requests in prose; a rewrite is kept only if every value "
+                                   "survives (default: offline requests)."),
     home: Path | None = typer.Option(None, "--home", help="State home (default: TRACEOPS_HOME or cwd)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
@@ -159,9 +162,9 @@ def synthesize(
         from traceops.flows.synthesize import synthesize_flow
 
         with runtime.home_lock(settings):
+            overrides = {**({"train_size": n_train} if n_train else {}), **({"llm": llm} if llm else {})}
             result = synthesize_flow(home=str(settings.paths.home), capabilities=capability or None,
-                                     calibrate_model=calibrate,
-                                     overrides={"train_size": n_train} if n_train else None)
+                                     calibrate_model=calibrate, overrides=overrides or None)
     except TraceopsError as exc:
         fail(exc, as_json)
         return

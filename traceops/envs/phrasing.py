@@ -52,7 +52,8 @@ def _value_texts(value: Any) -> list[str]:
     return []
 
 
-def _pattern(text: str, numeric: bool) -> re.Pattern[str]:
+def value_pattern(text: str, numeric: bool) -> re.Pattern[str]:
+    """Where a value is written in a text: digits bound a number (a unit may follow), word bounds a word."""
     # Numbers may carry a unit glued to them ("300K"), so only digits bound them; words need word bounds.
     if numeric:
         return re.compile(rf"(?<![\d.]){re.escape(text)}(?![\d]|\.\d)")
@@ -69,7 +70,7 @@ def mine_template(request: str, arguments: Mapping[str, Any]) -> dict[str, Any] 
         texts = _value_texts(value)
         if not texts or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             return None
-        found = list(_pattern(texts[0], isinstance(value, (int, float))).finditer(request))
+        found = list(value_pattern(texts[0], isinstance(value, (int, float))).finditer(request))
         if len(found) != 1:
             return None
         spans.append((found[0].start(), found[0].end(), name))

@@ -23,9 +23,10 @@ from typing import Any
 from traceops.atomic import atomic_write_text
 from traceops.envs.calibration import Calibration, Episodes, calibrate
 from traceops.envs.families import FAMILIES
-from traceops.envs.family import Family
+from traceops.envs.family import Family, task_id
 from traceops.envs.folder import MANIFEST_NAME, read_task_specs
 from traceops.envs.grounding import assert_disjoint, build_grounding, select_seeds
+from traceops.envs.rewrite import RewriteStats, rewrite_requests, shown_writer
 from traceops.envs.selftest import THRESHOLD, self_test
 from traceops.errors import ConfigError
 from traceops.hashing import canonical_json, file_hash, folder_hash
@@ -47,6 +48,7 @@ class SynthesisParams:
     self_test_size: int | None = None
     threshold: float = THRESHOLD
     calibration_per_level: int = 8
+    llm: str | None = None  # an OpenAI-compatible writer (URL#model) that rewrites requests; None: offline
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None) -> SynthesisParams:
@@ -74,6 +76,8 @@ class SynthesisParams:
         """JSON-able form for the manifest."""
         out = asdict(self)
         out["levels"] = list(self.levels) if self.levels is not None else None
+        if self.llm:  # a URL may carry credentials (user:key@host): never written
+            out["llm"] = shown_writer(self.llm)
         return out
 
 
@@ -130,8 +134,10 @@ def synthesize_one(
     embeddings: Mapping[str, Sequence[float]] | None = None,
     centroid: Sequence[float] | None = None,
     episodes: Callable[[Family], Episodes] | None = None,
+    writer: Any = None,
 ) -> tuple[dict[str, list], dict[str, Any]]:
-    """Task splits and the manifest (without file hashes) for one family."""
+    """Task splits and the manifest (without file hashes) for one family; ``writer`` (a ChatModel)
+    rewrites native requests in prose, each rewrite kept only when checked (``rewrite``)."""
     capability = family.capability
     notes: list[str] = []
     seeds = select_seeds(
@@ -168,6 +174,12 @@ def synthesize_one(
         if sizes[split] == 0:
             notes.append(f"split '{split}' requested with size 0: written empty")
     generated = [t for split in SPLITS for t in splits[split]]  # in generation order, before dedupe
+    rewrites = None
+    if writer is not None:  # the self-test runs on the offline tasks: a rewrite changes only the request
+        rewrites = RewriteStats(writer=shown_writer(params.llm) if params.llm else writer.info.model_id)
+        for split in SPLITS:
+            splits[split] = [t if "written_by" not in t else {**t, "task_id": task_id(t)}
+                             for t in rewrite_requests(splits[split], writer, rewrites)]
     seen: set[str] = set()
     for split in SPLITS:
         unique = []
@@ -225,6 +237,8 @@ def synthesize_one(
         },
         "notes": notes,
     }
+    if rewrites is not None:
+        manifest["rewrites"] = rewrites.to_dict()
     return splits, manifest
 
 
@@ -239,16 +253,22 @@ def synthesize(
     embeddings: Mapping[str, Sequence[float]] | None = None,
     centroids: Mapping[str, Sequence[float]] | None = None,
     episodes: Callable[[Family], Episodes] | None = None,
+    writer: Any = None,
 ) -> SynthesisResult:
     """Write environments for ``capabilities`` under ``out_dir`` and return what was written and skipped.
 
     ``exclude``: values from evaluation data that generated entities must never reuse. ``embeddings``
     (trajectory id -> vector) and ``centroids`` (capability -> vector) rank seed trajectories; without
     them TF-IDF is used. ``episodes(family)`` returns an episodes callable for calibration (absent: the
-    manifest says calibration was not measured).
+    manifest says calibration was not measured). ``writer`` (a ChatModel; default: the model
+    ``params.llm`` names, loaded once, else none) rewrites native requests (``traceops.envs.rewrite``).
     """
     if not isinstance(params, SynthesisParams):
         params = SynthesisParams.from_dict(params)
+    if writer is None and params.llm:
+        from traceops.model import load_model
+
+        writer = load_model(params.llm)
     root = Path(out_dir)
     result = SynthesisResult(out_dir=root)
     for capability in sorted(dict.fromkeys(capabilities)):
@@ -284,6 +304,7 @@ def synthesize(
             embeddings=embeddings,
             centroid=(centroids or {}).get(capability),
             episodes=episodes,
+            writer=writer,
         )
         folder = root / capability
         hashes = {}
