@@ -25,7 +25,7 @@ from traceops.flows.route import route_flow
 from traceops.flows.synthesize import synthesize_flow
 from traceops.flows.train import train_flow
 from traceops.lineage import current_lineage
-from traceops.results import Comparison, NightResult, VersionRef
+from traceops.results import Comparison, EvalResult, NightResult, VersionRef
 from traceops.tags import TAG_DATA_VERSION, TAG_ENV_VERSION, TAG_PROMOTED
 from traceops.tasks.ingest import ingest_task
 
@@ -76,9 +76,11 @@ def capability_rows(result: NightResult) -> list[dict[str, Any]]:
     return rows
 
 
-def comparison_lines(comparisons: dict[str, Comparison]) -> list[str]:
+def comparison_lines(comparisons: dict[str, Comparison], on: str = "",
+                     more: str = "evaluate more tasks (`--full`)") -> list[str]:
     """One line per paired comparison (composite vs champion, vs base): the overall gain on the same
-    tasks with its paired bootstrap 95% interval, and what the interval allows one to conclude."""
+    tasks (``on`` says which, e.g. " on held-out real requests") with its paired bootstrap 95%
+    interval, and what the interval allows one to conclude (``more``: what to do when it is too wide)."""
     lines = []
     for name, comparison in comparisons.items():
         row = comparison.overall
@@ -86,8 +88,33 @@ def comparison_lines(comparisons: dict[str, Comparison]) -> list[str]:
             continue
         said = verdict(row.low, row.high)
         if said == "too wide to conclude":
-            said = f"too wide to conclude on {row.tasks} paired tasks; evaluate more tasks (`--full`)"
-        lines.append(f"Paired {name}: {format_gain(row.delta, row.low, row.high)} ({said}).")
+            said = f"too wide to conclude on {row.tasks} paired tasks; {more}"
+        lines.append(f"Paired {name}{on}: {format_gain(row.delta, row.low, row.high)} ({said}).")
+    return lines
+
+
+def request_lines(evaluation: EvalResult) -> list[str]:
+    """The held-out real requests beside the synthetic splits: success per domain of every role with
+    its 95% Wilson interval and request count, what was not replayed, and the paired comparisons."""
+    summary = evaluation.requests
+    if summary is None:
+        return []
+    lines = ["", "Held-out real requests (logged, never trained on; graded per domain):"]
+    if not summary.replayed:
+        skipped = ", ".join(f"{n} {reason}" for reason, n in summary.skipped.items()) or "none held out"
+        return lines + [f"none replayed ({skipped})."]
+    roles = [r for r, m in evaluation.models.items() if m.requests_graded]
+    lines += ["", "| domain | grader | requests | " + " | ".join(roles) + " |",
+              "|---|---|---|" + "---|" * len(roles)]
+    for domain, count in sorted(summary.replayed.items()):
+        cells = [_fmt(evaluation.models[r].requests_success.get(domain),
+                      evaluation.models[r].requests_success_ci.get(domain)) for r in roles]
+        grader = summary.graders.get(domain, "-")
+        lines.append(f"| {domain} | {grader} | {count} | " + " | ".join(cells) + " |")
+    if summary.skipped:
+        lines.append("Not replayed: " + "; ".join(f"{n} {r}" for r, n in summary.skipped.items()) + ".")
+    lines += comparison_lines(evaluation.request_comparisons, on=" on held-out real requests",
+                              more="hold out more logged requests with a reference (evaluate.requests)")
     return lines
 
 
@@ -120,6 +147,7 @@ def night_summary_markdown(result: NightResult) -> str:
         lines += ["", f"Repeat-failure rate: before {_fmt(before)}, after {_fmt(after)}.",
                   "Overall success: " + ", ".join(f"{r} {v}" for r, v in sorted(overall.items())) + "."]
         lines += comparison_lines(result.evaluate.comparisons)
+        lines += request_lines(result.evaluate)
     promote = result.promote
     if promote is not None:
         champion = promote.champion or VersionRef(name="-", version="-")

@@ -80,7 +80,9 @@ def request_fields(report: EvalReport) -> dict[str, Any]:
     return {"requests_success": {d: requests.success(d) for d in requests.domains},
             "requests_success_overall": requests.success_overall,
             "requests_success_overall_ci": None if ci is None else list(ci),
-            "requests_graded": {d: requests.graded(d) for d in requests.domains}}
+            "requests_graded": {d: requests.graded(d) for d in requests.domains},
+            "requests_success_ci": {d: None if (c := requests.success_ci(d)) is None else list(c)
+                                    for d in requests.domains}}
 
 
 def comparison(reg: dict[str, Any]) -> Comparison:

@@ -232,3 +232,36 @@ def test_report_page_shows_real_requests_beside_the_splits(tmp_path: Path) -> No
     assert "100% [84-100] of 20" in section and "55% [34-74] of 20" in section
     assert "bfcl: tool_call_match" in section and "3 no reference" in section and "base: 1" in section
     assert "composite vs base" in section and "worse" in section
+
+
+def test_closing_table_shows_real_requests_per_domain() -> None:
+    from traceops.flows.nightly import request_lines
+    from traceops.results import (
+        Comparison,
+        EvalResult,
+        PairedDifference,
+        ReplaySummary,
+        RequestsSummary,
+        RoleSummary,
+    )
+
+    def role(kind: str, rate: float, ci: list[float]) -> RoleSummary:
+        return RoleSummary(kind=kind, ref=None, path=None, capability=None, model_id=kind, weights_hash=None,
+                           success={}, success_overall=None, pass_k=None, mean_reward=None,
+                           repeat_failure_rate=None, refailure_rate=None, replayed=None,
+                           regression_overall=None, seconds=0.0, requests_success={"bfcl": rate},
+                           requests_success_ci={"bfcl": ci}, requests_graded={"bfcl": 20})
+
+    result = EvalResult(
+        models={"base": role("base", 1.0, [0.84, 1.0]), "composite": role("composite", 0.55, [0.34, 0.74])},
+        report_path="r.html", eval_json="e.json", mlflow_run="x", capabilities=[],
+        replay=ReplaySummary(domain=None, failed=0, failed_by_domain={}), seconds={},
+        requests=RequestsSummary(heldout_fraction=0.2, seed=0, replayed={"bfcl": 20},
+                                 skipped={"no reference": 3}, graders={"bfcl": "tool_call_match"}),
+        request_comparisons={"composite vs base": Comparison(
+            overall=PairedDifference(delta=-0.45, low=-0.65, high=-0.25, tasks=20), capabilities={},
+            resamples=2000, seed=0)})
+    text = "\n".join(request_lines(result))
+    assert "| bfcl | tool_call_match | 20 | 100% [84-100] | 55% [34-74] |" in text
+    assert "Not replayed: 3 no reference." in text
+    assert "Paired composite vs base on held-out real requests: -45 pts [-65, -25] (worse)." in text

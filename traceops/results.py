@@ -184,6 +184,7 @@ class RoleSummary(_Result):
     requests_success_overall: float | None = None
     requests_success_overall_ci: list[float] | None = None
     requests_graded: dict[str, int] = {}
+    requests_success_ci: dict[str, list[float] | None] = {}
 
 
 class ReplaySummary(_Result):
