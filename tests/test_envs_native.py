@@ -274,3 +274,26 @@ def test_tiny_sft_step_consumes_native_demos(tmp_path, tasks, tiny_model_dir):
     trainer.train()
     losses = loss_curve(trainer.state.log_history)
     assert len(losses) == 1 and losses[0] > 0
+
+
+def test_bad_schemas_are_reported_and_not_offered_tools_without_parameters_work(logs, tmp_path):
+    from traceops.envs.synthesize import SynthesisParams, synthesize
+    from traceops.schema import ToolSpec
+
+    extra = [ToolSpec(name="broken_tool", description="Has a BFCL-style type.",
+                      parameters={"type": "object", "properties": {"x": {"type": "dict"}}}),
+             ToolSpec(name="ping_lab", description="Checks that the lab service is up.",
+                      parameters={"type": "object", "properties": {}})]
+    changed = [t.model_copy(update={"tools": [*t.tools, *extra]}) for t in logs]
+    grounding = build_grounding(changed)
+    broken = grounding.tool("broken_tool")
+    problem = broken["schema_problem"]
+    assert "invalid JSON schema" in problem and "calls.jsonl record" in problem
+    every = [t for name in NATIVE_FAMILIES for t in FAMILIES[name].generate(grounding, 5, 60)]
+    assert not any(s["function"]["name"] == "broken_tool" for t in every for s in t["tools"])
+    ping = [t for t in every if any(c["name"] == "ping_lab" for c in t["gold"]["calls"])]
+    assert ping and all(c["arguments"] == {} for t in ping for c in t["gold"]["calls"]
+                        if c["name"] == "ping_lab")
+    synthesize(["tool_selection"], changed, tmp_path, SynthesisParams(train_size=8, val_size=2, test_size=2))
+    notes = json.loads((tmp_path / "tool_selection" / "manifest.json").read_text())["notes"]
+    assert any("'broken_tool' is not offered" in note for note in notes)

@@ -294,8 +294,10 @@ def build_grounding(
     domains: list[str] = []
     for trajectory in trajectories:
         domains.append(trajectory.domain)
+        where = f"{trajectory.source.file} record {trajectory.source.record}"
         for spec in trajectory.tools:
-            schemas.setdefault(spec.name, {"description": spec.description, "parameters": spec.parameters})
+            schemas.setdefault(spec.name, {"description": spec.description, "parameters": spec.parameters,
+                                           "where": where})
         call_names: dict[str, str] = {}
         for message in trajectory.messages:
             if message.role == "user" and message.content:
@@ -388,6 +390,9 @@ def build_grounding(
             # The logged spec verbatim: native environments show exactly what the agent was shown.
             entry_tool["native"] = {"name": name, "description": str(schema.get("description") or ""),
                                     "parameters": schema["parameters"]}
+            problem = schema_problem(schema["parameters"])
+            if problem:  # kept in the grounding and reported, never offered natively
+                entry_tool["schema_problem"] = f"{problem} (tools of {schema['where']})"
         tools.append(entry_tool)
     source = "logs" if schemas and set(called) <= set(schemas) else "inferred"
     domain = _majority(domains)
@@ -407,6 +412,20 @@ def build_grounding(
         max_parallel=max_parallel,
         no_call_replies=no_call,
     )
+
+
+def schema_problem(parameters: Mapping[str, Any]) -> str | None:
+    """Why a tool's parameters are no usable JSON schema of an object (None when they are)."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        validator_for(dict(parameters)).check_schema(dict(parameters))
+    except SchemaError as exc:
+        return f"invalid JSON schema at '{'/'.join(str(p) for p in exc.path) or '(root)'}': {exc.message}"
+    if parameters.get("type", "object") != "object":
+        return f"parameters must be a JSON schema of type object, not {parameters.get('type')!r}"
+    return None
 
 
 def _majority(values: list[str]) -> str:

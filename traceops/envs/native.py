@@ -165,6 +165,12 @@ def check_task(task: Mapping[str, Any]) -> None:
                                   f"or the tool's schema in the logs")
 
 
+def offered_tools(grounding: Grounding) -> list[dict[str, Any]]:
+    """The grounded tools a native task may offer: those whose logged schema is usable (the others are
+    reported by synthesis, ``schema_problem``)."""
+    return [t for t in grounding.tools if not t.get("schema_problem")]
+
+
 def _one_call(rng: random.Random, values: ValueFactory, grounding: Grounding, tool: Mapping[str, Any],
               *, all_args: bool) -> tuple[dict[str, Any], str]:
     """A gold call to ``tool`` and its request: a mined template of the tool when one fits, else prose."""
@@ -188,8 +194,11 @@ def call_task(rng: random.Random, values: ValueFactory, grounding: Grounding, *,
               prefer: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """A native task: ``calls`` gold calls (to one tool, or to ``distinct`` tools) among ``offered``
     tools of the logs (the targets plus distractors drawn from the same logs, shuffled)."""
-    tools = list(grounding.tools)
-    pool = list(prefer) or tools
+    tools = offered_tools(grounding)
+    if not tools:
+        raise NativeTaskError("no logged tool has a usable JSON schema (see the manifest's notes); fix the "
+                              "tools' parameters in the logs")
+    pool = [t for t in prefer if not t.get("schema_problem")] or tools
     targets = rng.sample(pool, min(len(pool), calls)) if distinct else [rng.choice(pool)] * calls
     chosen = {t["name"] for t in targets}
     others = [t for t in tools if t["name"] not in chosen]
@@ -207,7 +216,10 @@ def call_task(rng: random.Random, values: ValueFactory, grounding: Grounding, *,
 
 def no_call_task(rng: random.Random, grounding: Grounding, offered: int, request: str) -> dict[str, Any]:
     """A native task whose request no offered tool serves: the right reply calls nothing."""
-    menu = list(grounding.tools)
+    menu = offered_tools(grounding)
+    if not menu:
+        raise NativeTaskError("no logged tool has a usable JSON schema (see the manifest's notes); fix the "
+                              "tools' parameters in the logs")
     rng.shuffle(menu)
     return {"interface": NATIVE, "tools": [function_spec(t) for t in menu[: max(1, offered)]],
             "gold": {"calls": []}, "instruction": request}

@@ -163,6 +163,9 @@ def synthesize_one(
         notes.append(
             "some tools had no schema in the logs: their arguments were inferred from observed calls"
         )
+    for tool in grounding.tools:
+        if tool.get("schema_problem") and grounding.interface == "native":
+            notes.append(f"tool '{tool['name']}' is not offered: {tool['schema_problem']}")
     sizes = params.sizes()
     splits: dict[str, list[dict[str, Any]]] = {}
     offset = 0
