@@ -9,6 +9,8 @@ environments retrain only that adapter; the generic LoRA is cached on all of the
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from typing import Any
 
 from prefect import flow
@@ -19,10 +21,20 @@ from traceops.errors import ConfigError
 from traceops.hashing import folder_hash
 from traceops.lineage import current_lineage
 from traceops.model.reference import resolve_base_model
-from traceops.results import AdapterResult, TrainResult
+from traceops.results import AdapterResult, PlannedCapability, TrainResult
 from traceops.tasks.cache import stage_key
-from traceops.tasks.train import adapter_outputs_exist, generic_outputs_exist, train_generic_task, train_task
-from traceops.train.budgets import resolve_budget
+from traceops.tasks.train import (
+    StepCostCache,
+    adapter_outputs_exist,
+    generic_outputs_exist,
+    record_trained,
+    schedule_match,
+    train_generic_task,
+    train_task,
+    trained_schedules,
+)
+from traceops.train.budgets import Budget, resolve_budget
+from traceops.train.plan import Candidate, generic_steps, plan_training
 
 
 def adapter_key(settings: config.Settings, capability: str, budget: dict[str, Any], base_ref: str,
@@ -30,6 +42,28 @@ def adapter_key(settings: config.Settings, capability: str, budget: dict[str, An
     """Cache key of one adapter: its environments' content, the budget, the base model and the seed."""
     envs = settings.paths.environments / capability
     return stage_key("train", capability, folder_hash(envs), budget, base_ref, seed)
+
+
+def _candidates(settings: config.Settings, chosen: list[str], budget: Budget,
+                matches: dict[str, str]) -> list[Candidate]:
+    """The capabilities to plan, with the diagnosis' coverage and gap (data/diagnosis/capabilities.json;
+    none for a capability it did not select) and the schedule of an adapter already trained on unchanged
+    environments (models/plan/trained.json), which tonight reuses at no cost."""
+    diagnosis = settings.paths.diagnosis / "capabilities.json"
+    rows = json.loads(diagnosis.read_text()).get("selected", []) if diagnosis.is_file() else []
+    stats = {row["capability"]: row for row in rows}
+    done = trained_schedules(settings.paths)
+    candidates = []
+    for capability in chosen:
+        row, record = stats.get(capability, {}), done.get(capability, {})
+        reused = (int(record["sft_steps"]), int(record["grpo_steps"])) \
+            if record.get("match") == matches[capability] else None
+        candidates.append(Candidate(capability=capability, coverage=row.get("coverage"),
+                                    delta=row.get("delta"), sft_steps=budget.sft_steps,
+                                    grpo_steps=budget.grpo_steps,
+                                    multi_turn_grpo_steps=budget.multi_turn_grpo_steps,
+                                    min_sft_steps=budget.least_sft_steps, reused=reused))
+    return candidates
 
 
 @flow(name="traceops-train-adapters")
@@ -63,7 +97,7 @@ def train_flow(home: str | None = None, capabilities: list[str] | None = None, b
     seed = int(params.get("seed", 0))
     overrides = dict(params.get("budget_overrides") or {})
     # An unknown budget or override fails here, before anything runs.
-    effective = resolve_budget(budget, overrides).as_dict()
+    resolved = resolve_budget(budget, overrides)
     found = environment_capabilities(settings.paths.environments)
     chosen = list(capabilities) if capabilities else found
     missing = sorted(set(chosen) - set(found))
@@ -74,21 +108,40 @@ def train_flow(home: str | None = None, capabilities: list[str] | None = None, b
     _folder, base_ref = resolve_base_model(base_model)
     registry.configure(settings.paths)
     lineage = dict(lineage or current_lineage(settings.paths, base_model))
-    calls = [{"key": adapter_key(settings, c, effective, base_ref, seed), "capability": c, "home": home,
-              "budget": budget, "base_model": base_model, "lineage": lineage,
-              "parent_run_id": parent_run_id, "seed": seed, "budget_overrides": overrides,
-              "position": f"{i}/{len(chosen)}"} for i, c in enumerate(chosen, start=1)]
+    planning = config.train_planning(settings)
+    generic = generic and planning.generic_share > 0
+    # Tonight's plan within train.time_budget (reference steps); a budget that trains nothing fails here.
+    costs = StepCostCache(settings.paths, base_model, resolved, seed)
+    matches = {c: schedule_match(settings, c, budget, overrides, base_ref, seed) for c in chosen}
+    plan = plan_training(_candidates(settings, chosen, resolved, matches), costs, planning.time_budget,
+                         planning.adapter_share if generic else 1.0)
+    trained = plan.trained
+    schedules = {item.capability: {**overrides, "sft_steps": item.sft_steps, "grpo_steps": item.grpo_steps,
+                                   "multi_turn_grpo_steps": item.grpo_steps} for item in trained}
+    calls = [{"key": adapter_key(settings, item.capability, resolve_budget(budget, schedules[item.capability])
+                                 .as_dict(), base_ref, seed),
+              "capability": item.capability, "home": home, "budget": budget, "base_model": base_model,
+              "lineage": lineage, "parent_run_id": parent_run_id, "seed": seed,
+              "budget_overrides": schedules[item.capability], "position": f"{i}/{len(trained)}"}
+             for i, item in enumerate(trained, start=1)]
     runner = _train_adapters.with_options(task_runner=task_runner(settings))
     adapters = runner(calls, home)
+    record_trained(settings.paths, {item.capability: {"match": matches[item.capability], "sft_steps":
+                                                      item.sft_steps, "grpo_steps": item.grpo_steps}
+                                    for item in trained})
     generic_result = None
     if generic:
-        everything = sorted(chosen)
+        everything = sorted(item.capability for item in trained)
+        per_capability = -(-generic_steps(planning.generic_share, planning.time_budget,
+                                          [costs(c) for c in everything]) // len(everything))
+        generic_overrides = {**overrides, "sft_steps": per_capability}
         key = stage_key("train-generic", [folder_hash(settings.paths.environments / c) for c in everything],
-                        everything, effective, base_ref, seed)
+                        everything, resolve_budget(budget, generic_overrides).as_dict(), base_ref, seed)
         kwargs = {"key": key, "capabilities": everything, "home": home, "budget": budget,
                   "base_model": base_model, "parent_run_id": parent_run_id, "seed": seed,
-                  "budget_overrides": overrides}
+                  "budget_overrides": generic_overrides}
         generic_result = train_generic_task(**kwargs)
         if not generic_outputs_exist(generic_result):
             generic_result = train_generic_task.with_options(refresh_cache=True)(**kwargs)
-    return TrainResult(adapters=adapters, generic=generic_result)
+    return TrainResult(adapters=adapters, generic=generic_result, time_budget=planning.time_budget,
+                       plan=[PlannedCapability(**asdict(item)) for item in plan.items])

@@ -22,17 +22,18 @@ from prefect import task
 from traceops import config, registry
 from traceops.atomic import atomic_folder
 from traceops.errors import ConfigError
-from traceops.hashing import folder_hash
+from traceops.hashing import content_hash, folder_hash
 from traceops.lineage import current_lineage
 from traceops.model.reference import resolve_base_model
 from traceops.progress import StepProgress
 from traceops.results import AdapterResult, GenericResult
 from traceops.tags import TAG_ADAPTER_HASH, TAG_CAPABILITY, TAG_REGISTERED_VERSION, TAG_ROLE, TAG_TRAIN_KEY
-from traceops.tasks.cache import CACHED
+from traceops.tasks.cache import CACHED, stage_key
 from traceops.tasks.retry import retry_unless_user_error
 from traceops.tasks.tracking import log_json, stage_run, work_timer
 from traceops.train import checkpoint as ckpt
 from traceops.train.budgets import Budget, resolve_budget
+from traceops.train.step_cost import StepCosts
 
 
 def adapter_dir(paths: config.Paths, capability: str) -> Path:
@@ -48,6 +49,72 @@ def work_dir(paths: config.Paths, capability: str) -> Path:
 def generic_dir(paths: config.Paths) -> Path:
     """Where the generic LoRA's adapter folder is kept: models/generic."""
     return paths.models / "generic"
+
+
+def plan_dir(paths: config.Paths) -> Path:
+    """The planner's records: measured step costs and the schedules adapters were trained with."""
+    return paths.models / "plan"
+
+
+# Budget fields that change what one step costs (not how many steps there are).
+_STEP_SHAPE = ("sft_batch_size", "sft_max_length", "sft_gradient_checkpointing", "grpo_prompts_per_step",
+               "num_generations", "max_completion_length", "max_turns", "gradient_checkpointing", "device",
+               "bf16", "use_vllm")
+
+
+class StepCostCache:
+    """Measured step costs per (base model, capability environments hash, step shape of the budget), kept
+    in models/plan/step_costs.json so a rerun does not measure again; the reference step they are divided
+    by is timed at most once per process, on the first capability that needs measuring."""
+
+    def __init__(self, paths: config.Paths, base_model: str, budget: Budget, seed: int) -> None:
+        self.file = plan_dir(paths) / "step_costs.json"
+        self.paths, self.base_model, self.budget, self.seed = paths, base_model, budget, seed
+        self._base_dir, self._base_ref = resolve_base_model(base_model)
+        self._reference: Any = None
+        self.measured: list[str] = []  # capabilities measured by this process
+
+    def key(self, capability: str) -> str:
+        shape = {name: getattr(self.budget, name) for name in _STEP_SHAPE}
+        return content_hash([self._base_ref, capability, folder_hash(self.paths.environments / capability),
+                             shape])
+
+    def __call__(self, capability: str) -> StepCosts:
+        """The capability's step costs: cached, or measured now (and cached)."""
+        from traceops.train.reference_step import time_reference_step
+        from traceops.train.step_cost import measure_step_costs
+
+        key = self.key(capability)
+        known = ckpt.read_json(self.file) or {}
+        if key in known:
+            return StepCosts(**known[key])
+        if self._reference is None:
+            self._reference = time_reference_step(self._base_dir, seed=self.seed)
+        costs = measure_step_costs(capability, self.paths.environments / capability, self._base_dir,
+                                   self.budget, seed=self.seed, reference=self._reference)
+        known = ckpt.read_json(self.file) or {}
+        ckpt.write_json(self.file, {**known, key: costs.as_dict()})
+        self.measured.append(capability)
+        return costs
+
+
+def schedule_match(settings: config.Settings, capability: str, budget: str, overrides: dict[str, Any],
+                   base_ref: str, seed: int) -> str:
+    """What must be unchanged for a trained adapter to be reused at no cost: its environments' content,
+    the budget as params.yaml names it, the base model, the seed and the code (``stage_key``)."""
+    return stage_key("train-plan", capability, folder_hash(settings.paths.environments / capability), budget,
+                     overrides, base_ref, seed)
+
+
+def trained_schedules(paths: config.Paths) -> dict[str, dict[str, Any]]:
+    """Per capability, the schedule its adapter was last trained with ({"match", "sft_steps",
+    "grpo_steps"})."""
+    return ckpt.read_json(plan_dir(paths) / "trained.json") or {}
+
+
+def record_trained(paths: config.Paths, records: dict[str, dict[str, Any]]) -> None:
+    """Remember the schedules of the adapters trained (or reused) tonight, for the next night's plan."""
+    ckpt.write_json(plan_dir(paths) / "trained.json", {**trained_schedules(paths), **records})
 
 
 def budget_params(budget: Budget) -> dict[str, Any]:

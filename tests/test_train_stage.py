@@ -83,9 +83,11 @@ def by_cap(result: TrainResult) -> dict[str, AdapterResult]:
 LEAN = {"sft_steps": 2, "save_steps": 2, "grpo_steps": 0, "eval_tasks": 2, "eval_max_new_tokens": 8}
 
 
-def write_params(home: Path, base: Path, overrides: dict[str, Any]) -> None:
+def write_params(home: Path, base: Path, overrides: dict[str, Any], **planning: Any) -> None:
+    """params.yaml's train section; ``planning``: time_budget / generic_share (default: a budget every
+    adapter fits in, and a small generic share so the generic LoRA stays a few steps)."""
     train = {"budget": "tiny", "base_model": str(base), "seed": 0, "generic": True,
-             "budget_overrides": overrides}
+             "budget_overrides": overrides, "time_budget": 400, "generic_share": 0.01, **planning}
     (home / "params.yaml").write_text(yaml.safe_dump({"train": train}))
 
 
@@ -120,7 +122,13 @@ def test_train_flow_tracks_registers_caches_retrains_changed_and_resumes(train_h
     # Progress on the console while it trains: capability i of n, step s of S, elapsed.
     for i, cap in enumerate(CAPS, start=1):
         assert f"train {cap} ({i}/{len(CAPS)}): sft step 2/2, elapsed " in printed
-    assert f"train generic LoRA: sft step {2 * len(CAPS)}/{2 * len(CAPS)}, elapsed " in printed
+    generic_steps = first.generic.sft_steps if first.generic else 0
+    assert f"train generic LoRA: sft step {generic_steps}/{generic_steps}, elapsed " in printed
+    # The plan: both fit the budget with their full schedule; each step's cost was measured once.
+    assert [(p.capability, p.sft_steps, p.grpo_steps, p.reused, p.deferred) for p in first.plan] == [
+        (cap, 2, 0, False, None) for cap in CAPS]
+    assert first.time_budget == 400 and all(p.cost > 0 for p in first.plan)
+    assert len(json.loads((home / "models" / "plan" / "step_costs.json").read_text())) == len(CAPS)
     env_version = versioning.data_version(home, "data/environments")
     for cap, row in rows.items():
         assert row.model_name == f"traceops.adapter.{cap}" and row.model_version == "1"
@@ -140,16 +148,20 @@ def test_train_flow_tracks_registers_caches_retrains_changed_and_resumes(train_h
         assert tags["traceops.adapter_hash"] == row.adapter_hash
     generic = first.generic
     assert generic is not None and (Path(generic.adapter_path) / "adapter_config.json").is_file()
-    assert generic.sft_steps == 2 * len(CAPS)  # the adapters' total SFT budget
+    # Its share of the time budget, split evenly over the capabilities' demonstrations.
+    assert generic.sft_steps >= len(CAPS) and generic.sft_steps % len(CAPS) == 0
     generic_run = client.get_run(generic.mlflow_run)
     assert generic_run.data.tags["traceops.role"] == "generic"
-    assert len(client.get_metric_history(generic.mlflow_run, "sft_loss")) == 2 * len(CAPS)
+    assert len(client.get_metric_history(generic.mlflow_run, "sft_loss")) == generic.sft_steps
 
     # One capability's environments change: only that adapter retrains; the other is a cache hit.
     split = home / "data" / "environments" / "tool_call_format" / "train.jsonl"
     split.write_text("".join(split.read_text().splitlines(keepends=True)[:-1]))
-    changed = by_cap(run_flow(home, generic=False))
+    night = run_flow(home, generic=False)
+    changed = by_cap(night)
     assert changed["argument_grounding"] == rows["argument_grounding"]
+    assert {p.capability: p.reused for p in night.plan} == {"argument_grounding": True,
+                                                            "tool_call_format": False}
     assert changed["tool_call_format"].mlflow_run != rows["tool_call_format"].mlflow_run
     assert changed["tool_call_format"].model_version == "2"
 
@@ -174,3 +186,50 @@ def test_train_flow_tracks_registers_caches_retrains_changed_and_resumes(train_h
     runs = client.search_runs([experiment], "tags.`traceops.capability` = 'argument_grounding'")
     # The first night's run, the killed attempt (closed as KILLED by the rerun) and the resumed run.
     assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED", "KILLED"]
+
+
+def test_step_costs_are_measured_once_and_a_night_after_a_deferral_trains_what_was_deferred(
+        train_home: Path, tiny_model_dir: Path) -> None:
+    from traceops import config
+    from traceops.tasks.train import StepCostCache
+    from traceops.train.budgets import resolve_budget
+
+    home = train_home
+    settings = config.load(home)
+    # The diagnosis ranks tool_call_format first (coverage x gap 0.3 against 0.1).
+    (settings.paths.diagnosis).mkdir(parents=True, exist_ok=True)
+    (settings.paths.diagnosis / "capabilities.json").write_text(json.dumps({"selected": [
+        {"capability": "argument_grounding", "coverage": 0.5, "delta": 0.2},
+        {"capability": "tool_call_format", "coverage": 0.6, "delta": 0.5}]}))
+    cache = StepCostCache(settings.paths, str(tiny_model_dir), resolve_budget("tiny", LEAN), seed=0)
+    costs = {cap: cache(cap) for cap in CAPS}
+    assert cache.measured == CAPS and all(c.sft > 0 and c.grpo == 0 for c in costs.values())
+    again = StepCostCache(settings.paths, str(tiny_model_dir), resolve_budget("tiny", LEAN), seed=0)
+    assert {cap: again(cap) for cap in CAPS} == costs and again.measured == []  # served from the cache
+
+    # A budget below one SFT step of either capability fails before anything trains.
+    write_params(home, tiny_model_dir, LEAN, time_budget=min(c.sft for c in costs.values()) / 2)
+    proc = flow_process(home, generic=False)
+    _out, err = proc.communicate(timeout=600)
+    assert proc.returncode != 0
+    assert "'tool_call_format' needs" in err and "smallest budget that trains it is" in err
+    assert not (home / "models" / "checkpoints").exists()
+
+    # Room for the top-ranked capability's 2 steps and half a step of the other: it is deferred.
+    budget = 2 * costs["tool_call_format"].sft + costs["argument_grounding"].sft / 2
+    write_params(home, tiny_model_dir, LEAN, time_budget=budget)
+    first = run_flow(home, generic=False)
+    assert [(p.capability, p.rank, p.sft_steps, p.deferred is None) for p in first.plan] == [
+        ("tool_call_format", 1, 2, True), ("argument_grounding", 2, 0, False)]
+    assert "needs at least" in (first.plan[1].deferred or "")
+    assert sorted(by_cap(first)) == ["tool_call_format"]
+
+    # The next night, with nothing changed: the trained adapter is reused at no cost and the deferred
+    # capability trains with what the budget buys.
+    second = run_flow(home, generic=False)
+    plan = {p.capability: p for p in second.plan}
+    assert plan["tool_call_format"].reused and plan["tool_call_format"].cost == 0
+    assert plan["argument_grounding"].deferred is None and plan["argument_grounding"].sft_steps >= 1
+    assert by_cap(second)["tool_call_format"] == by_cap(first)["tool_call_format"]
+    trained = by_cap(second)["argument_grounding"]
+    assert trained.sft_steps == plan["argument_grounding"].sft_steps and trained.model_version == "1"

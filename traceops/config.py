@@ -120,3 +120,48 @@ def load(home: str | Path | None = None) -> Settings:
         if not isinstance(params, dict):
             raise ConfigError(f"{params_file}: expected a mapping of stage name to parameters")
     return Settings(paths=Paths(root), params=params)
+
+
+# Default train.time_budget, in reference steps (one LoRA r=16 SFT step of the embedded model at batch
+# 4 x 256). Issue 29's first night must fit 300 of them in all. The last measured night (README: 99 min on a
+# machine at ~6 s per reference step, so ~990 steps) spent ~57% in training, 32% evaluating and 7% routing,
+# and single-turn adapters took 30-43 reference steps each (16 SFT steps of ~2 reference steps on 2 x ~1,000
+# tokens, 2 GRPO steps of ~5), multi-turn ones ~6x that. 120 leaves 180 for diagnosis, synthesis, the
+# one-time step-cost measurement, routing and evaluation, and buys the top-ranked capability's full schedule
+# (a multi-turn one too, at SFT ~3 x 16 + one GRPO step of ~40) plus what else fits in the adapters' 90.
+TRAIN_TIME_BUDGET = 120.0
+# Share of train.time_budget that trains the generic-LoRA baseline (SFT on every trained capability's data).
+GENERIC_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class TrainPlanning:
+    """params.yaml ``train``: the night's time budget in reference steps and the generic LoRA's share."""
+
+    time_budget: float
+    generic: bool
+    generic_share: float
+
+    @property
+    def adapter_share(self) -> float:
+        """The share of ``time_budget`` the per-capability adapters get."""
+        return 1.0 - self.generic_share if self.generic else 1.0
+
+
+def train_planning(settings: Settings) -> TrainPlanning:
+    """The train section's ``time_budget``, ``generic`` and ``generic_share``, validated (ConfigError
+    naming the key and what to write instead)."""
+    params = settings.stage("train")
+    where = settings.paths.home / "params.yaml"
+    budget = params.get("time_budget", TRAIN_TIME_BUDGET)
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0:
+        raise ConfigError(f"{where}: train.time_budget is {budget!r}; write a positive number of reference "
+                          f"steps (default {TRAIN_TIME_BUDGET:g})")
+    generic = params.get("generic", True)
+    if not isinstance(generic, bool):
+        raise ConfigError(f"{where}: train.generic is {generic!r}; write true or false")
+    share = params.get("generic_share", GENERIC_SHARE)
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
+        raise ConfigError(f"{where}: train.generic_share is {share!r}; write a fraction of train.time_budget "
+                          f"in [0, 1) (default {GENERIC_SHARE})")
+    return TrainPlanning(time_budget=float(budget), generic=generic, generic_share=float(share))

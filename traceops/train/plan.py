@@ -39,6 +39,7 @@ class Candidate:
     grpo_steps: int
     min_sft_steps: int
     reused: tuple[int, int] | None = None
+    multi_turn_grpo_steps: int | None = None  # GRPO steps of a multi-turn family (None: ``grpo_steps``)
 
     @property
     def score(self) -> float:
@@ -130,7 +131,9 @@ def plan_training(candidates: Sequence[Candidate], cost_of: Callable[[str], Step
             continue
         costs = cost_of(candidate.capability)
         least = min(candidate.min_sft_steps, candidate.sft_steps) * costs.sft
-        chosen = schedule(costs, candidate.sft_steps, candidate.grpo_steps, candidate.min_sft_steps, left)
+        grpo_steps = candidate.multi_turn_grpo_steps if costs.multi_turn and \
+            candidate.multi_turn_grpo_steps is not None else candidate.grpo_steps
+        chosen = schedule(costs, candidate.sft_steps, grpo_steps, candidate.min_sft_steps, left)
         if chosen is None:
             items.append(PlanItem(**common, least_cost=least, deferred=(
                 f"needs at least {least:.1f} reference steps ({candidate.min_sft_steps} SFT steps at "
