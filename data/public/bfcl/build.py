@@ -2,11 +2,12 @@
 
 Source: the Berkeley Function Calling Leaderboard, https://github.com/ShishirPatil/gorilla
 (berkeley-function-call-leaderboard/bfcl_eval/data, Apache-2.0). See SOURCE.md for the commit and what
-each file holds. Stdlib only and deterministic: the same input files give byte-identical output.
+each file holds. Stdlib plus jsonschema (a traceops dependency); deterministic: the same input files
+give byte-identical output. Run it with the project's venv:
 
-    python data/public/bfcl/build.py --source DIR     # DIR holds BFCL_v4_<category>.json and
-                                                      # possible_answer/BFCL_v4_<category>.json
-    python data/public/bfcl/build.py --git-dir GORILLA.git --commit SHA   # read them with `git show`
+    .venv/bin/python data/public/bfcl/build.py --source DIR   # DIR holds BFCL_v4_<category>.json
+                                                              # and possible_answer/BFCL_v4_<category>.json
+    .venv/bin/python data/public/bfcl/build.py --git-dir GORILLA.git --commit SHA   # via `git show`
 
 What it does:
 
@@ -14,18 +15,22 @@ What it does:
   sha256(id): the first ``--per-category`` go to ``requests.jsonl`` (the development set the logs are
   made from), the next ``--final-per-category`` to ``final_check/requests.jsonl`` (kept unused for
   development, as the issue's final check). Requests whose possible answer expands to more than
-  ``--max-alternatives`` reference replies are passed over (counted in SOURCE.md's table).
+  ``--max-alternatives`` reference replies (or with none left valid) are passed over (counted in
+  SOURCE.md's table).
 * converts BFCL's function docs to OpenAI ``tools`` (``{"type": "function", "function": {...}}``) with
   JSON-Schema types: ``dict`` -> ``object``, ``float`` -> ``number``, ``tuple`` -> ``array``, ``any`` ->
   no ``type`` (any JSON value), BFCL's own ``optional`` flags dropped (``required`` already says it),
   and ``.`` in function names replaced by ``_`` (OpenAI names allow ``[a-zA-Z0-9_-]``; BFCL's own
   OpenAI handler does the same).
+* drops reference alternatives whose arguments break the tool's own JSON schema (a few BFCL answers
+  do); a request left with none is passed over.
 * expands each possible answer (BFCL lists the allowed values of every argument; ``""`` means it may be
   left out) into reference replies, one per allowed combination, in the reference-file format
   ``{"task_id", "reply": assistant message}`` (several lines for one task are alternatives; a reply
-  scores the best of them). Leaving an optional argument out and giving it as its schema default are
-  one alternative (tool_call_match treats them alike). Irrelevance requests get one reference that
-  calls nothing.
+  scores the best of them). An optional argument allowed as ``null`` (BFCL's "Default is None") counts
+  as left out when its schema does not admit null. Leaving an optional argument out and giving it as
+  its schema default are one alternative (tool_call_match treats them alike). Irrelevance requests get
+  one reference that calls nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ import json
 import subprocess
 from pathlib import Path
 from typing import Any
+
+import jsonschema  # a traceops dependency: run this with the project's venv
 
 HERE = Path(__file__).resolve().parent
 CATEGORIES = ("simple_python", "multiple", "parallel", "irrelevance")
@@ -132,8 +139,8 @@ def to_tools(functions: list[dict[str, Any]], where: str) -> list[dict[str, Any]
         parameters = to_json_schema(function.get("parameters") or {"type": "dict", "properties": {}},
                                     f"{where}.{name}")
         parameters["type"] = "object"
-        tools.append({"type": "function", "function": {"name": name, "description": function.get("description", ""),
-                                                       "parameters": parameters}})
+        tools.append({"type": "function", "function": {
+            "name": name, "description": function.get("description", ""), "parameters": parameters}})
     return tools
 
 
@@ -154,19 +161,33 @@ def value_options(allowed: list[Any], schema: dict[str, Any] | None, optional: b
     """The distinct alternatives of one argument: OMIT and/or concrete values (nested dicts expanded)."""
     schema = schema if isinstance(schema, dict) else {}
     options: list[Any] = []
-    omit = "" in allowed and optional
+    # "" means "may be left out"; so does None for an optional argument whose schema has no null type
+    # (BFCL writes it for "Default is None" arguments; null would break the schema).
+    nullable = schema.get("type") in (None, "null")
+    omit = optional and any(v == "" or (v is None and not nullable) for v in allowed)
     if omit:
         options.append(OMIT)
     for value in allowed:
-        if value == "" and optional:
+        if optional and (value == "" or (value is None and not nullable)):
             continue
-        expanded = dict_options(value, schema) if isinstance(value, dict) else [value]
+        expanded = (dict_options(value, schema) if isinstance(value, dict)
+                    else list_options(value, schema) if isinstance(value, list) else [value])
         for choice in expanded:
             if omit and "default" in schema and same(choice, schema["default"]):
                 continue  # giving the default is leaving it out
             if not any(o is not OMIT and same(o, choice) for o in options):
                 options.append(choice)
     return options
+
+
+def list_options(value: list[Any], schema: dict[str, Any]) -> list[list[Any]]:
+    """A list value's alternatives: its object items hold allowed-value lists too (BFCL writes nested
+    objects that way inside lists), so each object item is expanded; other items are kept as given."""
+    if not any(isinstance(item, dict) for item in value):
+        return [value]
+    items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+    per_item = [dict_options(item, items) if isinstance(item, dict) else [item] for item in value]
+    return [list(combo) for combo in itertools.product(*per_item)]
 
 
 def dict_options(answer: dict[str, list[Any]], schema: dict[str, Any]) -> list[dict[str, Any]]:
@@ -184,23 +205,36 @@ def dict_options(answer: dict[str, list[Any]], schema: dict[str, Any]) -> list[d
     return out
 
 
-def reference_replies(ground_truth: list[dict[str, Any]], tools: list[dict[str, Any]], limit: int) -> list | None:
+INVALID_DROPPED = [0]  # alternatives dropped for breaking their tool's schema, reported by main()
+
+
+def schema_valid(arguments: dict[str, Any], schema: dict[str, Any]) -> bool:
+    """Whether ``arguments`` meet the tool's JSON schema (a few BFCL answers do not, e.g. ``true`` for
+    a string argument: such an alternative is dropped, not bundled as a right answer)."""
+    return jsonschema.Draft202012Validator(schema).is_valid(arguments)
+
+
+def reference_replies(ground_truth: list[dict[str, Any]], tools: list[dict[str, Any]],
+                      limit: int) -> list | None:
     """The reference replies of one request (None when there would be more than ``limit``)."""
     schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
     per_call = []
     for call in ground_truth:
         ((name, answer),) = call.items()
         name = openai_name(name)
-        per_call.append([(name, args) for args in dict_options(answer, schemas.get(name, {}))])
+        options = dict_options(answer, schemas.get(name, {}))
+        valid = [(name, args) for args in options if schema_valid(args, schemas.get(name, {}))]
+        INVALID_DROPPED[0] += len(options) - len(valid)
+        per_call.append(valid)
     total = 1
     for options in per_call:
         total *= len(options)
-    if total > limit:
+    if total > limit or total == 0:
         return None
     replies = []
     for combo in itertools.product(*per_call):
-        calls = [{"id": f"ref_{i}", "type": "function",
-                  "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False, sort_keys=True)}}
+        calls = [{"id": f"ref_{i}", "type": "function", "function": {
+                      "name": name, "arguments": json.dumps(args, ensure_ascii=False, sort_keys=True)}}
                  for i, (name, args) in enumerate(combo)]
         replies.append({"role": "assistant", "content": None, "tool_calls": calls})
     return replies
@@ -273,7 +307,7 @@ def main() -> None:
         write_jsonl(folder / "requests.jsonl", [request for request, _ in sets[name]])
         write_jsonl(folder / "references.jsonl", [{"task_id": request["task_id"], "reply": reply}
                                                   for request, replies in sets[name] for reply in replies])
-    print(json.dumps(counts, sort_keys=True))
+    print(json.dumps({**counts, "invalid_alternatives_dropped": INVALID_DROPPED[0]}, sort_keys=True))
 
 
 if __name__ == "__main__":
