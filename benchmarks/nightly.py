@@ -8,7 +8,10 @@ minutes on a laptop): first night <= 300 reference steps, no-change rerun <= 20.
 overhead share, ``1 - sum(work_seconds) / wall`` of the first night (every stage task logs its library
 call's ``work_seconds`` to its MLflow run). Prints a table, then one JSON object as its last line.
 
-    .venv/bin/python benchmarks/nightly.py [--logs data/raw] [--budget small]
+    .venv/bin/python benchmarks/nightly.py [--logs data/raw] [--outcomes FILE] [--budget small]
+
+A second domain: ``--logs data/public/bfcl/logs --outcomes data/public/bfcl/outcomes.jsonl`` (see
+data/public/bfcl/SOURCE.md).
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_night(home: Path, logs: Path) -> tuple[float, dict]:
-    """One `traceops run --json` in ``home``; returns its wall seconds and its JSON line."""
+def run_night(home: Path, logs: Path, outcomes: Path | None = None) -> tuple[float, dict]:
+    """One `traceops run --json` in ``home`` (with the outcomes side file, if any); returns its wall
+    seconds and its JSON line."""
     env = {**os.environ, "TRACEOPS_HOME": str(home), "PREFECT_HOME": str(home / ".prefect")}
+    side = ["--outcomes", str(outcomes)] if outcomes is not None else []
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "traceops", "run", "--logs", str(logs), "--json"],
+    out = subprocess.run([sys.executable, "-m", "traceops", "run", "--logs", str(logs), *side, "--json"],
                          cwd=home, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
     if out.returncode != 0:
@@ -64,6 +69,8 @@ def main() -> None:
     """Run both nights and print the table and the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--logs", type=Path, default=ROOT / "data" / "raw")
+    parser.add_argument("--outcomes", type=Path, default=None,
+                        help="outcomes side file for the logs (traceops run --outcomes)")
     parser.add_argument("--budget", default=None, help="override params.yaml train.budget (e.g. tiny)")
     args = parser.parse_args()
 
@@ -77,8 +84,9 @@ def main() -> None:
         if args.budget:
             params = params.replace("budget: small", f"budget: {args.budget}")
         (home / "params.yaml").write_text(params)
-        first_wall, first = run_night(home, args.logs.resolve())
-        second_wall, second = run_night(home, args.logs.resolve())
+        outcomes = args.outcomes.resolve() if args.outcomes else None
+        first_wall, first = run_night(home, args.logs.resolve(), outcomes)
+        second_wall, second = run_night(home, args.logs.resolve(), outcomes)
         work = work_seconds(home, first["mlflow_run"])
     finally:
         shutil.rmtree(home, ignore_errors=True)
