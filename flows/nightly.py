@@ -25,8 +25,8 @@ from traceops.flows.route import route_flow
 from traceops.flows.synthesize import synthesize_flow
 from traceops.flows.train import train_flow
 from traceops.lineage import current_lineage
-from traceops.results import Comparison, EvalResult, NightResult, VersionRef
-from traceops.tags import TAG_DATA_VERSION, TAG_ENV_VERSION, TAG_PROMOTED
+from traceops.results import Comparison, EvalResult, NightResult, TrainResult, VersionRef
+from traceops.tags import TAG_DATA_VERSION, TAG_DEFERRED, TAG_ENV_VERSION, TAG_PROMOTED
 from traceops.tasks.ingest import ingest_task
 
 
@@ -118,6 +118,24 @@ def request_lines(evaluation: EvalResult) -> list[str]:
     return lines
 
 
+def plan_lines(train: TrainResult | None) -> list[str]:
+    """The night's training plan: what tonight's training cost in reference steps of its time budget, each
+    capability trained (steps), reused or deferred (why: the next night trains it)."""
+    if train is None or not train.plan:
+        return []
+    spent = sum(p.cost for p in train.plan)
+    lines = ["", f"Training plan: {spent:.0f} of {train.time_budget or 0:g} reference steps."]
+    for p in train.plan:
+        if p.deferred is not None:
+            said = f"deferred to the next night: {p.deferred}"
+        elif p.reused:
+            said = "reused (environments unchanged)"
+        else:
+            said = f"trained {p.sft_steps} SFT + {p.grpo_steps} GRPO steps ({p.cost:.0f} reference steps)"
+        lines.append(f"- {p.rank}. {p.capability}: {said}")
+    return lines
+
+
 def night_summary_markdown(result: NightResult) -> str:
     """The night's summary as markdown (Prefect artifact, MLflow text and the CLI's closing table)."""
     lines = ["# traceops nightly run", ""]
@@ -135,6 +153,7 @@ def night_summary_markdown(result: NightResult) -> str:
                      f"{_fmt(row['composite'], row['composite_ci'])} |")
     if result.evaluate is not None:
         lines += ["", "Success rates with their 95% Wilson intervals."]
+    lines += plan_lines(result.train)
     synth = result.synthesize
     if synth is not None:
         lines += ["", f"Environments: env_version `{synth.env_version}`."]
@@ -172,6 +191,7 @@ def json_summary(result: NightResult) -> dict[str, Any]:
         "data_version": result.ingest.data_version,
         "env_version": result.synthesize.env_version if result.synthesize is not None else None,
         "selected": [r.capability for r in result.diagnose.selected] if result.diagnose is not None else [],
+        "deferred": [p.capability for p in result.train.plan if p.deferred] if result.train else [],
         "capabilities": capability_rows(result),
         "composite": route.composite.model_dump() if route is not None else None,
         "report": result.evaluate.report_path if result.evaluate is not None else None,
@@ -231,6 +251,8 @@ def nightly_flow(logs: list[str], home: str | None = None, outcomes: str | None 
         mlflow.set_tag(TAG_DATA_VERSION, ingest.data_version)
         if result.synthesize is not None:
             mlflow.set_tag(TAG_ENV_VERSION, result.synthesize.env_version)
+        if result.train is not None:
+            mlflow.set_tag(TAG_DEFERRED, ",".join(p.capability for p in result.train.plan if p.deferred))
         if result.promote is not None:
             mlflow.set_tag(TAG_PROMOTED, str(result.promote.promoted).lower())
         summary = night_summary_markdown(result)

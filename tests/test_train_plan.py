@@ -3,6 +3,8 @@ budget in reference steps, reuse of trained adapters, deferral with its reason, 
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 
 from traceops.errors import ConfigError
@@ -104,3 +106,27 @@ def test_generic_steps_are_its_share_at_the_mean_cost() -> None:
     assert generic_steps(0.25, 120.0, [costs(2.0), costs(4.0)]) == 10
     assert generic_steps(0.0, 120.0, [costs(2.0)]) == 0
     assert generic_steps(0.01, 120.0, [costs(12.0)]) == 1
+
+
+def test_the_closing_table_lists_trained_reused_and_deferred_with_the_budget() -> None:
+    from traceops.flows.nightly import plan_lines
+    from traceops.results import PlannedCapability, TrainResult
+
+    plan = plan_training([candidate("argument_grounding", 0.4, 0.5), candidate("tool_call_format", 0.1, 0.1,
+                                                                               reused=(16, 2)),
+                          candidate("policy_adherence", 0.3, 0.5)], priced([]), budget=130.0)
+    rows = [PlannedCapability(**asdict(i)) for i in plan.items]
+    train = TrainResult(adapters=[], time_budget=130.0, plan=rows)
+    lines = plan_lines(train)
+    assert lines[1] == "Training plan: 42 of 130 reference steps."
+    assert lines[2] == "- 1. argument_grounding: trained 16 SFT + 2 GRPO steps (42 reference steps)"
+    assert lines[3].startswith("- 2. policy_adherence: deferred to the next night: needs at least 96.0")
+    assert lines[4] == "- 3. tool_call_format: reused (environments unchanged)"
+
+
+def test_a_multi_turn_family_gets_its_own_grpo_steps() -> None:
+    multi = Candidate("policy_adherence", 0.3, 0.5, sft_steps=16, grpo_steps=2, min_sft_steps=8,
+                      multi_turn_grpo_steps=1)
+    plan = plan_training([multi], priced([]), budget=1000.0)
+    assert (plan.items[0].sft_steps, plan.items[0].grpo_steps) == (16, 1)
+    assert plan.items[0].cost == pytest.approx(16 * 12.0 + 40.0)

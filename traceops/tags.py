@@ -34,6 +34,7 @@ TAG_REUSED_RUN = "traceops.reused_run"            # route: the run whose registe
 TAG_DECISION = "traceops.decision"                # promote: the alias the candidate got
 TAG_CANDIDATE = "traceops.candidate"              # promote: <model name>/<version> decided on
 TAG_PROMOTED = "traceops.promoted"                # nightly: whether the night promoted (true/false)
+TAG_DEFERRED = "traceops.deferred"                # nightly: capabilities the train plan deferred (a,b)
 
 # -- rollback: on both versions a `traceops rollback` moved champion between (the latest such event) --------
 TAG_ROLLBACK_BY = "traceops.rollback_by"          # who: TRACEOPS_USER, else the login name
