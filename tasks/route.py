@@ -24,6 +24,7 @@ from traceops.errors import ConfigError, StageError
 from traceops.lineage import current_lineage
 from traceops.model.reference import resolve_base_model
 from traceops.moe.route_config import RouteConfig
+from traceops.progress import StepProgress
 from traceops.results import RouteResult, VersionRef
 from traceops.tags import TAG_BASE_MODEL, TAG_PARENT_VERSIONS, TAG_REUSED_RUN, TAG_ROUTE_KEY
 from traceops.tasks.cache import CACHED
@@ -56,14 +57,35 @@ def _adapter_folder(paths: config.Paths, adapter: dict[str, Any]) -> Path:
     return folder
 
 
-def _log_fit(fit: dict[str, Any] | None, routing: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """Log fit curves, held-out accuracy and the val routing summary to the active MLflow run (None: a
-    single expert, nothing fitted); return the flat metrics."""
+def _fit_streamer(capabilities: list[str]) -> tuple[Any, set[tuple[str, int]]]:
+    """The router fit's ``on_step``: a progress line on the console (probes fitted r of R, optimizer step
+    s of S, elapsed, ETA) and each optimizer step's losses to the active MLflow run as they come
+    (``fit_<name>_loss``). Returns it and the (loss name, step) pairs it logged."""
+    import mlflow
+
+    progress = StepProgress(f"route {len(capabilities)} experts", {})
+    logged: set[tuple[str, int]] = set()
+
+    def on_step(phase: str, step: int, total: int, values: dict[str, float]) -> None:
+        progress.totals[phase] = total
+        progress.update(phase, step)
+        if phase == "fit":
+            mlflow.log_metrics({f"fit_{name}_loss": value for name, value in values.items()}, step=step)
+            logged.update((name, step) for name in values)
+
+    return on_step, logged
+
+
+def _log_fit(fit: dict[str, Any] | None, routing: dict[str, dict[str, Any]],
+             logged: set[tuple[str, int]] | None = None) -> dict[str, float]:
+    """Log fit curves (the steps not streamed, ``logged``), held-out accuracy and the val routing summary
+    to the active MLflow run (None: a single expert, nothing fitted); return the flat metrics."""
     import mlflow
 
     for name, values in (fit or {}).get("losses", {}).items():
         for step, value in enumerate(values, start=1):
-            mlflow.log_metric(f"fit_{name}_loss", value, step=step)
+            if (name, step) not in (logged or set()):
+                mlflow.log_metric(f"fit_{name}_loss", value, step=step)
     metrics = fit_metrics(fit, routing)
     mlflow.log_metrics(metrics)
     return metrics
@@ -132,11 +154,13 @@ def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None
             experts = expert_records(adapters)
             with work_timer():
                 folders = {a["capability"]: _adapter_folder(paths, a) for a in adapters}
+                on_step, logged = _fit_streamer(capabilities)
                 composed = compose(folders, base_dir, paths.environments, route_config, key=key,
-                                   target=target, base_model=base_model, base_ref=base_ref, experts=experts)
+                                   target=target, base_model=base_model, base_ref=base_ref, experts=experts,
+                                   on_step=on_step)
             fit = None if composed.fit is None else composed.fit.to_dict()
             routing = composed.routing
-            metrics = _log_fit(fit, routing)
+            metrics = _log_fit(fit, routing, logged)
             mlflow.log_metric("trace_seconds", composed.trace_seconds)
             log_json({"fit": fit, "val_routing": routing,
                       "experts": experts}, ROUTING_ARTIFACT)

@@ -50,7 +50,8 @@ def logits(model: object, ids: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.slow
-def test_route_flow_fits_registers_reloads_and_caches(route_home: Path, tiny_model_dir: Path) -> None:
+def test_route_flow_fits_registers_reloads_and_caches(route_home: Path, tiny_model_dir: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     from mlflow.tracking import MlflowClient
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -82,6 +83,10 @@ def test_route_flow_fits_registers_reloads_and_caches(route_home: Path, tiny_mod
     for part in ("total", "route", "lm", "balance", "z"):
         history = client.get_metric_history(run.info.run_id, f"fit_{part}_loss")
         assert [m.step for m in history] == [1, 2, 3, 4]
+    # The fit showed its progress: every block's probe fitted (2 layers), then optimizer step s of S.
+    printed = capsys.readouterr().err
+    assert "route 2 experts: probe step 2/2, elapsed " in printed
+    assert "route 2 experts: fit step 4/4, elapsed " in printed
     metrics = run.data.metrics
     for cap in CAPS:
         assert 0.0 <= metrics[f"routing_accuracy.{cap}"] <= 1.0

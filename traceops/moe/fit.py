@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -303,12 +304,18 @@ def routing_accuracy(moe: MoEModel, batches: list[dict[str, torch.Tensor]]) -> t
     return hits / max(total, 1.0), seq_hits / max(seq_total, 1.0), accuracy
 
 
+# ``on_step(phase, step, total, values)``: phase "probe" (step: routers fitted, values: its final loss) or
+# "fit" (step: optimizer steps done, values: that step's losses by name).
+StepCallback = Callable[[str, int, int, dict[str, float]], None]
+
+
 def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, list[Example]],
-               config: FitConfig) -> FitResult:
+               config: FitConfig, on_step: StepCallback | None = None) -> FitResult:
     """Train only the routers of ``moe`` on capability-labelled examples (texts or chat conversations).
 
     Every parameter of the wrapped model other than the routers is frozen for the duration and its
-    ``requires_grad`` restored afterwards. Returns loss curves and held-out routing accuracy.
+    ``requires_grad`` restored afterwards. Returns loss curves and held-out routing accuracy; ``on_step``
+    hears of each fitted probe and each optimizer step as it finishes (progress, streamed metrics).
     """
     started = time.perf_counter()
     rng = random.Random(config.seed)
@@ -337,7 +344,7 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
         held_decisions = _decision_samples(moe, full_heldout, pad_id, config)
         init_decision = decision_accuracy(moe, held_decisions) if held_decisions else None
         if config.probe_steps:
-            probe = _probe_phase(moe, full_train, pad_id, config)
+            probe = _probe_phase(moe, full_train, pad_id, config, on_step)
             probe["tok"], probe["seq"], _ = routing_accuracy(moe, held_batches)
             probe["decision"] = decision_accuracy(moe, held_decisions) if held_decisions else None
         decisions: DecisionSamples | None = probe.get("decisions")
@@ -347,7 +354,7 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
         for item in train:
             by_expert.setdefault(item.expert, []).append(item)
         experts = sorted(by_expert)
-        for _ in range(config.steps):  # zero steps: the probes alone
+        for step in range(1, config.steps + 1):  # zero steps: the probes alone
             # Balanced batches: each row draws a capability uniformly, then one of its examples.
             items = [rng.choice(by_expert[rng.choice(experts)]) for _ in range(config.batch_size)]
             batch = _batch(items, pad_id, device)
@@ -374,6 +381,8 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
             parts = {"total": total, "route": route, "lm": lm, "balance": balance, "z": z}
             for key, value in parts.items():
                 losses[key].append(float(value.detach()))
+            if on_step is not None:
+                on_step("fit", step, config.steps, {key: values[-1] for key, values in losses.items()})
         tok, seq, per = routing_accuracy(moe, held_batches)
         final_decision = decision_accuracy(moe, held_decisions) if held_decisions else None
     finally:
@@ -404,7 +413,8 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
     )
 
 
-def _probe_phase(moe: MoEModel, train: list[_Encoded], pad_id: int, config: FitConfig) -> dict[str, Any]:
+def _probe_phase(moe: MoEModel, train: list[_Encoded], pad_id: int, config: FitConfig,
+                 on_step: StepCallback | None = None) -> dict[str, Any]:
     """Fit every router as a probe on teacher-forced block inputs of the whole training examples."""
     tick = time.perf_counter()
     # Similar lengths batched together: less padding in the forward passes.
@@ -413,8 +423,12 @@ def _probe_phase(moe: MoEModel, train: list[_Encoded], pad_id: int, config: FitC
     batches = [_batch(ordered[i:i + step], pad_id, moe.device) for i in range(0, len(ordered), step)]
     samples = collect_block_inputs(moe, batches, _route_forward, config.probe_tokens,
                                    config.probe_routings, config.seed)
+    def on_router(done: int, total: int, loss: float) -> None:
+        if on_step is not None:
+            on_step("probe", done, total, {"probe": loss})
+
     accuracy = fit_probes(moe, samples, config.probe_steps, config.probe_learning_rate, config.z_weight,
-                          config.decision_weight)
+                          config.decision_weight, on_router=on_router)
     return {"train": sum(accuracy.values()) / len(accuracy), "samples": samples.count,
             "seconds": time.perf_counter() - tick, "decisions": samples.decisions}
 

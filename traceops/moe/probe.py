@@ -123,21 +123,22 @@ def collect_block_inputs(moe: MoEModel, batches: Sequence[dict[str, torch.Tensor
 
 
 def fit_probes(moe: MoEModel, samples: ProbeSamples, steps: int, learning_rate: float,
-               z_weight: float = 1e-3, decision_weight: float = 0.0) -> dict[int, float]:
+               z_weight: float = 1e-3, decision_weight: float = 0.0,
+               on_router: Callable[[int, int, float], None] | None = None) -> dict[int, float]:
     """Fit each block's router to ``samples`` by full-batch Adam on cross-entropy (+ ``z_weight`` x router
     z-loss, which keeps the logits small, + ``decision_weight`` x cross-entropy of its pooled logits on the
     decision prompts, when ``samples`` has them); returns each layer's training accuracy on the token
     samples (top-1 == target).
 
     Only the router projections change; the null expert is never a target, so its logit learns to stay low
-    where a real expert fits.
+    where a real expert fits. ``on_router(i, n, loss)`` is told when the i-th of n routers is fitted.
     """
     if steps < 1 or samples.count == 0:
         raise ConfigError("probe fitting needs at least one step and one sample")
     accuracy: dict[int, float] = {}
     targets = samples.targets
     decisions = samples.decisions if decision_weight and samples.decisions is not None else None
-    for router in moe.routers.values():
+    for done, router in enumerate(moe.routers.values(), start=1):
         layer = router.layer_index
         x = samples.features[layer].to(router.proj.weight.device)
         y = targets.to(x.device)
@@ -155,6 +156,8 @@ def fit_probes(moe: MoEModel, samples: ProbeSamples, steps: int, learning_rate: 
             optimizer.step()
         with torch.no_grad():
             accuracy[layer] = float((router.logits(x).argmax(-1) == y).float().mean())
+        if on_router is not None:
+            on_router(done, len(moe.routers), float(loss.detach()))
     return accuracy
 
 
