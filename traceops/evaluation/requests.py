@@ -3,11 +3,12 @@ and each domain's grader scores the replies against their references.
 
 The requests come from ``traceops.heldout`` (the seeded per-task split of the curated logs, references
 from the logs' successes and the user's reference file). Per domain at most ``limit`` requests with a
-reference are replayed, in task-id order; the rest are counted with the reason (no reference, no user
-turn, over the limit), never silently dropped. Each request is generated with its own tools (requests
-sharing a tool list are batched), the raw output read as a reply (``graders.reply_from_text``) and
-scored by ``graders.grade`` against every reference: the best score counts, and a grader failure is
-recorded as a problem, not scored 0. A request succeeds when its score is the full score (1.0).
+reference are replayed, in the split's seeded hash order; the rest are counted with the reason (no
+reference, no user turn, over the limit), never silently dropped. Each request is generated with its
+own tools (requests sharing a tool list are batched), the raw output read as a reply
+(``graders.reply_from_text``) and scored by ``graders.grade`` against every reference: the best score
+counts, and a grader failure is recorded as a problem, not scored 0. A request succeeds when its score
+is the full score (1.0).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from traceops.hashing import content_hash
 from traceops.heldout import (
     LoggedRequest,
     RequestParams,
+    heldout_score,
     is_heldout,
     load_references,
     logged_requests,
@@ -36,7 +38,7 @@ OVER_LIMIT = "over the limit: evaluate.requests.limit requests with a reference 
 
 @dataclass(frozen=True)
 class RequestSet:
-    """The held-out requests to replay (``requests``, domain then task-id order) and those not
+    """The held-out requests to replay (``requests``, by domain, then seeded) and those not
     replayed, ``skipped``: ``"<domain>/<task_id>"`` -> reason."""
 
     requests: list[LoggedRequest] = field(default_factory=list)
@@ -65,7 +67,11 @@ def select_requests(trajectories: Iterable[Trajectory], params: RequestParams) -
     chosen: list[LoggedRequest] = []
     skipped: dict[str, str] = {}
     taken: dict[str, int] = {}
-    for request in sorted(logged_requests(held, references), key=lambda r: (r.domain, r.task_id)):
+    # Within a domain in the split's own hash order: a seeded sample, not the first ids alphabetically
+    # (ids often start with their category, and a limit would then take whole categories only).
+    order = sorted(logged_requests(held, references),
+                   key=lambda r: (r.domain, heldout_score(r.task_id, params.seed), r.task_id))
+    for request in order:
         key = f"{request.domain}/{request.task_id}"
         if request.skip is not None:
             skipped[key] = request.skip
