@@ -205,7 +205,8 @@ class ModelPool:
     @property
     def ids(self) -> list[str]:
         """The ids ``/v1/models`` lists, the default first."""
-        return [self.default, *sorted(i for i in self._entries if i != self.default)]
+        ids = list(self._entries)  # a copy: reload may add entries meanwhile
+        return [self.default, *sorted(i for i in ids if i != self.default)]
 
     def entry(self, model: str | None) -> Entry:
         """The entry a request's ``model`` names (the default when None); RequestError 404 listing the
