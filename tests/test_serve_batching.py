@@ -143,3 +143,19 @@ def test_batcher_survives_a_failing_request() -> None:
     assert batcher.submit([{"role": "user", "content": "after"}], None, GenerationConfig()).result(10).text
     batcher.close(wait=True)
     assert batcher.closed and batcher.model is None
+
+
+def test_a_failing_traffic_log_never_fails_a_request(tmp_path: Path,
+                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    from traceops.traffic import ServedTraffic
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the log folder should be")
+    model = GatedModel()
+    model.gate.set()
+    app = create_app(model, traffic=ServedTraffic(blocker / "served"))
+    with running(app) as url:
+        replies = [_post(url, f"hello {i}") for i in range(2)]
+    assert [r.status_code for r in replies] == [200, 200]
+    assert app.state.traffic_errors == 2
+    assert "could not log exchange" in capfd.readouterr().err
