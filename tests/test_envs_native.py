@@ -297,3 +297,16 @@ def test_bad_schemas_are_reported_and_not_offered_tools_without_parameters_work(
     synthesize(["tool_selection"], changed, tmp_path, SynthesisParams(train_size=8, val_size=2, test_size=2))
     notes = json.loads((tmp_path / "tool_selection" / "manifest.json").read_text())["notes"]
     assert any("'broken_tool' is not offered" in note for note in notes)
+
+
+def test_no_call_requests_avoid_what_the_offered_tools_serve(logs):
+    from traceops.schema import ToolSpec
+
+    weather = ToolSpec(name="get_weather", description="The weather forecast for a city on a given day.",
+                       parameters={"type": "object", "properties": {"city": {"type": "string"}},
+                                   "required": ["city"]})
+    grounding = build_grounding([t.model_copy(update={"tools": [*t.tools, weather]}) for t in logs])
+    tasks = FAMILIES["irrelevance_refusal"].generate(grounding, 0, 90, levels=[1])
+    offered = [t for t in tasks if any(s["function"]["name"] == "get_weather" for s in t["tools"])]
+    assert offered and not any("weather" in t["instruction"].lower() for t in offered)
+    assert any("weather" in t["instruction"].lower() for t in tasks)  # still asked where no tool serves it

@@ -11,6 +11,7 @@ them: as in the logs, the right reply to a request no tool serves is one that ca
 from __future__ import annotations
 
 import random
+import re
 from typing import Any, ClassVar
 
 from traceops.envs.apis import ApiCallEnv, api_view, catalog_text
@@ -145,14 +146,29 @@ class IrrelevanceRefusalFamily(Family):
 def _native_task(rng: random.Random, values: ValueFactory, grounding: Grounding,
                  level: int) -> dict[str, Any]:
     """The logged tools offered natively and a request none of them serves (no opening from the logs:
-    an unseen domain's first sentences are requests the tools do serve)."""
+    an unseen domain's first sentences are requests the tools do serve). A request whose topic words
+    (weather, poem, multiplied, ...) occur in an offered tool's name or description is drawn again, so
+    a domain whose tools do serve it (a calculator, a weather API) never gets it as a no-call task."""
     size = CATALOG_SIZE[min(level, 3)]
-    if level == 1:
-        request = _fill(rng.choice(OFF_DOMAIN), rng, values)
-    elif level == 2:
-        request = f"Please {_fill(rng.choice(UNSUPPORTED_ACTIONS), rng, values)}."
-    else:
-        verb = rng.choice(list(grounding.tools))["name"].split("_")[0].split(".")[-1].lower()
-        request = (f"Could you {verb} my {rng.choice(FOREIGN_OBJECTS)} for {rng.choice(DAYS)} in "
-                   f"{rng.choice(CITIES)}?")
-    return no_call_task(rng, grounding, size, request)
+    task: dict[str, Any] = {}
+    for _ in range(12):
+        verb = ""
+        if level == 1:
+            request = _fill(rng.choice(OFF_DOMAIN), rng, values)
+        elif level == 2:
+            request = f"Please {_fill(rng.choice(UNSUPPORTED_ACTIONS), rng, values)}."
+        else:  # a near miss: the borrowed verb is meant to match a tool, the object is not
+            verb = rng.choice(list(grounding.tools))["name"].split("_")[0].split(".")[-1].lower()
+            request = (f"Could you {verb} my {rng.choice(FOREIGN_OBJECTS)} for {rng.choice(DAYS)} in "
+                       f"{rng.choice(CITIES)}?")
+        task = no_call_task(rng, grounding, size, request)
+        offered = " ".join(f"{t['function']['name']} {t['function'].get('description', '')}"
+                           for t in task["tools"]).replace("_", " ")
+        if not (_words(request) - {verb}) & _words(offered):
+            return task
+    return task
+
+
+def _words(text: str) -> set[str]:
+    """The longer words of a text (five letters or more), lowercased."""
+    return {w.lower() for w in re.findall(r"[A-Za-z]{5,}", text)} - {"could", "please"}
