@@ -295,8 +295,10 @@ def test_bad_schemas_are_reported_and_not_offered_tools_without_parameters_work(
     assert ping and all(c["arguments"] == {} for t in ping for c in t["gold"]["calls"]
                         if c["name"] == "ping_lab")
     synthesize(["tool_selection"], changed, tmp_path, SynthesisParams(train_size=8, val_size=2, test_size=2))
-    notes = json.loads((tmp_path / "tool_selection" / "manifest.json").read_text())["notes"]
-    assert any("'broken_tool' is not offered" in note for note in notes)
+    manifest = json.loads((tmp_path / "tool_selection" / "manifest.json").read_text())
+    assert any("'broken_tool' is not offered" in note for note in manifest["notes"])
+    assert "ping_lab" in manifest["tools"] and "call_api" not in manifest["tools"]
+    assert manifest["grounding"]["interface"] == "native"
 
 
 def test_no_call_requests_avoid_what_the_offered_tools_serve(logs):

@@ -26,6 +26,7 @@ from traceops.envs.families import FAMILIES
 from traceops.envs.family import Family, task_id
 from traceops.envs.folder import MANIFEST_NAME, read_task_specs
 from traceops.envs.grounding import assert_disjoint, build_grounding, select_seeds
+from traceops.envs.native import is_native
 from traceops.envs.rewrite import RewriteStats, rewrite_requests, shown_writer
 from traceops.envs.selftest import THRESHOLD, self_test
 from traceops.errors import ConfigError
@@ -222,7 +223,9 @@ def synthesize_one(
         "parameters": params.to_dict(),
         "seed": seed,
         "counts": {**{s: len(splits[s]) for s in SPLITS}, "by_level": dict(sorted(by_level.items()))},
-        "tools": env.tool_names(),
+        # native tasks bring their own tools (the logged ones); the class's tools serve the others
+        "tools": sorted({s["function"]["name"] for t in everything for s in t.get("tools", [])})
+        if any(is_native(t) for t in everything) else env.tool_names(),
         "self_tests": tests,
         "calibration": calibration,
         "grounding": {
