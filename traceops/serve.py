@@ -262,9 +262,9 @@ def serve(spec: str | None = None, host: str = "127.0.0.1", port: int = 8000, ap
     target = resolve_serve_spec(spec, settings.paths, base_model=base_model)
     sys.stderr.write(f"traceops serve: serving {target.describe()}\n")
     pool = ModelPool.from_target(target, settings.paths, params, base_model=base_model)
-    sys.stderr.write(f"traceops serve: models {', '.join(pool.ids)} (default {pool.default}); following the "
-                     f"registry every {params.poll_seconds:g} s\n" if params.poll_seconds else
-                     f"traceops serve: models {', '.join(pool.ids)} (default {pool.default})\n")
+    follows = params.poll_seconds > 0 and (settings.paths.mlflow / "mlflow.db").is_file()
+    sys.stderr.write(f"traceops serve: models {', '.join(pool.ids)} (default {pool.default})"
+                     + (f"; following the registry every {params.poll_seconds:g} s\n" if follows else "\n"))
     traffic = (ServedTraffic(settings.paths.raw / "served", redact=params.redact)
                if params.log_traffic else None)
     app = create_app(pool, api_key=keys["--api-key-env"], reload_key=keys["--reload-key-env"],
