@@ -10,9 +10,12 @@ time; latency is per request, p50 and p95. The ratio that matters is throughput 
 throughput at 1 (one at a time), measured in the same run on the same server (target >= 3).
 
 Models: the embedded base model, prompted as evaluation prompts it, and, with ``--home`` naming a home
-whose registry has a champion composite, that composite too (the endpoint's other ``model``).
+whose registry has a champion composite, that composite too (the endpoint's other ``model``). With
+``--swap-to VERSION`` the champion alias moves to that composite version while the composite's 8 clients
+run (restored afterwards) and the server reloads, as its poll would: the failed requests are counted
+(target 0) and the versions that answered listed.
 
-    .venv/bin/python benchmarks/serve.py [--requests 16] [--max-tokens 24] [--home HOME]
+    .venv/bin/python benchmarks/serve.py [--requests 16] [--max-tokens 24] [--home HOME [--swap-to 2]]
 
 Prints a table, then one JSON object as the last line (with the load average at start and end).
 """
@@ -75,34 +78,68 @@ def start_server(app: Any) -> tuple[Any, str]:
 
 
 def run_level(client: Any, model: str, requests: list[dict[str, Any]], clients: int,
-              max_tokens: int) -> dict[str, Any]:
-    """Send every request once with ``clients`` concurrent clients; throughput and latencies."""
+              max_tokens: int, during: Any = None) -> dict[str, Any]:
+    """Send every request once with ``clients`` concurrent clients; throughput, latencies and failures.
+    ``during``, if given, runs once a third of the requests have been answered."""
+    import openai
+
     latencies: list[float] = []
-    tool_calls = 0
+    tool_calls = failed = 0
     fingerprints: set[str] = set()
     lock = threading.Lock()
 
+    third = threading.Event()
+
     def one(request: dict[str, Any]) -> None:
-        nonlocal tool_calls
+        nonlocal tool_calls, failed
         start = time.perf_counter()
-        reply = client.chat.completions.create(model=model, messages=request["messages"],
-                                               tools=request["tools"], max_tokens=max_tokens, temperature=0)
+        try:
+            reply = client.chat.completions.create(model=model, messages=request["messages"],
+                                                   tools=request["tools"], max_tokens=max_tokens,
+                                                   temperature=0)
+        except openai.APIError as exc:
+            with lock:
+                failed += 1
+            print(f"request failed: {exc}", file=sys.stderr)
+            return
         elapsed = time.perf_counter() - start
         with lock:
+            if len(latencies) + 1 >= len(requests) / 3:
+                third.set()
             latencies.append(elapsed)
             tool_calls += bool(reply.choices[0].message.tool_calls)
             fingerprints.add(reply.system_fingerprint or "")
 
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(one, requests))
+        done = pool.map(one, requests)
+        if during is not None:
+            third.wait()
+            during()
+        list(done)
     wall = time.perf_counter() - started
     ordered = sorted(latencies)
     return {"model": model, "clients": clients, "requests": len(requests), "wall_s": round(wall, 2),
             "throughput_rps": round(len(requests) / wall, 3),
             "p50_s": round(statistics.median(ordered), 3),
             "p95_s": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 3),
-            "replies_with_tool_calls": tool_calls, "fingerprints": sorted(fingerprints)}
+            "replies_with_tool_calls": tool_calls, "failed": failed, "fingerprints": sorted(fingerprints)}
+
+
+def promote(pool: Any, version: str, swaps: list[dict[str, Any]]) -> Any:
+    """A callable moving the champion composite to ``version`` and reloading the server, recording the swap
+    (its ``from`` version restores the alias at the end)."""
+    from traceops import registry
+
+    def run() -> None:
+        before = registry.get_alias(registry.COMPOSITE_MODEL, registry.CHAMPION)
+        registry.set_alias(registry.COMPOSITE_MODEL, registry.CHAMPION, version)
+        started = time.perf_counter()
+        changed = pool.reload()
+        swaps.append({"from": before.version if before else None, "to": version, "changed": changed,
+                      "reload_s": round(time.perf_counter() - started, 2)})
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -113,6 +150,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="a home with a champion composite: benchmark it beside the base")
     parser.add_argument("--window-ms", type=float, default=None, help="batch window (default: params.yaml)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--swap-to", default=None,
+                        help="with --home: move champion to this composite version under 8 clients")
     args = parser.parse_args(argv)
 
     import openai
@@ -149,16 +188,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     client = openai.OpenAI(base_url=url, api_key="unused", timeout=600, max_retries=0)
     requests = retail_requests(args.requests)
     rows: list[dict[str, Any]] = []
+    swaps: list[dict[str, Any]] = []
     started = time.perf_counter()
     try:
         for model in models:
             run_level(client, model, requests[:1], 1, args.max_tokens)  # warm: load, cache the shared prefix
             for clients in CONCURRENCY:
-                rows.append(run_level(client, model, requests, clients, args.max_tokens))
+                swap = args.swap_to and model == pool.default and clients == CONCURRENCY[-1]
+                rows.append(run_level(client, model, requests, clients, args.max_tokens,
+                                      during=promote(pool, args.swap_to, swaps) if swap else None))
                 stats = pool.serving(pool.entry(model)).batcher.stats
                 rows[-1]["largest_batch"] = stats.largest_group
     finally:
         server.should_exit = True
+        if args.swap_to and swaps:
+            from traceops import registry
+
+            registry.set_alias(registry.COMPOSITE_MODEL, registry.CHAMPION, swaps[0]["from"])
     load_end = os.getloadavg()
 
     print(f"traceops serve benchmark: {args.requests} retail first-turn requests per level, "
@@ -177,11 +223,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{row['model'][:41]:<42}{row['clients']:>8}{row['throughput_rps']:>9.3f}{row['speedup_vs_1']:>12.2f}"
               f"{row['p50_s']:>9.2f}{row['p95_s']:>9.2f}{row['largest_batch']:>11}"
               f"{row['replies_with_tool_calls']:>8}/{row['requests']}")
+    for swap in swaps:
+        row = next(r for r in rows if r["model"] == pool.default and r["clients"] == CONCURRENCY[-1])
+        print(f"promotion under {CONCURRENCY[-1]} clients: champion {swap['from']} -> {swap['to']}, reload "
+              f"{swap['reload_s']:.1f} s, {row['failed']} of {row['requests']} requests failed, answered by "
+              f"{', '.join(row['fingerprints'])}")
     result = {"seconds": round(time.perf_counter() - started, 1), "requests_per_level": args.requests,
               "max_tokens": args.max_tokens, "batch_window_ms": params.batch_window_ms,
               "max_batch": params.max_batch, "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
               "load_avg_1m_start": round(load_start[0], 2), "load_avg_1m_end": round(load_end[0], 2),
-              "rows": rows, "speedup_8_clients_vs_1": speedups,
+              "rows": rows, "speedup_8_clients_vs_1": speedups, "swaps": swaps,
+              "failed_requests": sum(row["failed"] for row in rows),
               "target_speedup_8_vs_1": 3.0,
               "target_met": {model: speedup >= 3.0 for model, speedup in speedups.items()}}
     print(json.dumps(result))
