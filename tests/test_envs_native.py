@@ -312,3 +312,21 @@ def test_no_call_requests_avoid_what_the_offered_tools_serve(logs):
     offered = [t for t in tasks if any(s["function"]["name"] == "get_weather" for s in t["tools"])]
     assert offered and not any("weather" in t["instruction"].lower() for t in offered)
     assert any("weather" in t["instruction"].lower() for t in tasks)  # still asked where no tool serves it
+
+
+@pytest.mark.slow
+def test_tiny_adapter_trains_on_native_environments(tmp_path, tasks, tiny_model_dir):
+    """SFT on the native demos, then single-turn GRPO on the replayed reward, then val rollouts through
+    the agent loop with each task's own tools: the whole adapter path on a tiny model."""
+    from dataclasses import replace
+
+    from traceops.train import train_adapter
+    from traceops.train.budgets import BUDGETS
+
+    folder = _write_folder(tmp_path / "envs", "tool_selection", tasks["tool_selection"][:8])
+    (folder / "val.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks["tool_selection"][8:10]))
+    budget = replace(BUDGETS["tiny"], sft_steps=2, save_steps=100, grpo_steps=1, eval_tasks=2, max_turns=2,
+                     eval_max_new_tokens=12, max_completion_length=12)
+    result = train_adapter("tool_selection", folder, tiny_model_dir, tmp_path / "out", budget=budget, seed=0)
+    assert not result.config["multi_turn"] and len(result.sft_losses) == 2 and len(result.grpo_rewards) == 1
+    assert result.val_before["n"] == 2 and 0.0 <= result.val_after["success"] <= 1.0
