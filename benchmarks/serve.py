@@ -100,11 +100,13 @@ def run_level(client: Any, model: str, requests: list[dict[str, Any]], clients: 
         except openai.APIError as exc:
             with lock:
                 failed += 1
+                if len(latencies) + failed >= len(requests) / 3:
+                    third.set()
             print(f"request failed: {exc}", file=sys.stderr)
             return
         elapsed = time.perf_counter() - start
         with lock:
-            if len(latencies) + 1 >= len(requests) / 3:
+            if len(latencies) + failed + 1 >= len(requests) / 3:
                 third.set()
             latencies.append(elapsed)
             tool_calls += bool(reply.choices[0].message.tool_calls)
