@@ -12,8 +12,9 @@ throughput at 1 (one at a time), measured in the same run on the same server (ta
 Models: the embedded base model, prompted as evaluation prompts it, and, with ``--home`` naming a home
 whose registry has a champion composite, that composite too (the endpoint's other ``model``). With
 ``--swap-to VERSION`` the champion alias moves to that composite version while the composite's 8 clients
-run (restored afterwards) and the server reloads, as its poll would: the failed requests are counted
-(target 0) and the versions that answered listed.
+run (restored afterwards) and the server reloads, as its poll would, once a third of them are answered:
+the failed requests are counted (target 0) and the versions that answered listed. The swap happens under
+load only when ``--requests`` exceeds 8 (with 8 or fewer, every request is already in flight).
 
     .venv/bin/python benchmarks/serve.py [--requests 16] [--max-tokens 24] [--home HOME [--swap-to 2]]
 
@@ -197,10 +198,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             run_level(client, model, requests[:1], 1, args.max_tokens)  # warm: load, cache the shared prefix
             for clients in CONCURRENCY:
                 swap = args.swap_to and model == pool.default and clients == CONCURRENCY[-1]
+                before = pool.serving(pool.entry(model))
                 rows.append(run_level(client, model, requests, clients, args.max_tokens,
                                       during=promote(pool, args.swap_to, swaps) if swap else None))
-                stats = pool.serving(pool.entry(model)).batcher.stats
-                rows[-1]["largest_batch"] = stats.largest_group
+                after = pool.serving(pool.entry(model))  # another version after a promotion
+                rows[-1]["largest_batch"] = max(before.batcher.stats.largest_group,
+                                                after.batcher.stats.largest_group)
     finally:
         server.should_exit = True
         if args.swap_to and swaps:
