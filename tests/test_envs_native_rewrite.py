@@ -91,4 +91,7 @@ def test_check_rewrite_rules():
     assert check_rewrite(task, "initial_temp 290, 2.5 kg, 330K") == "names a tool or parameter"
     assert check_rewrite(task, '<tool_call>{"name": "x"}</tool_call> 2.5 290 330') == "markup"
     assert check_rewrite(task, "   ") == "empty"
+    # SmolLM2-135M's rewrite of a BFCL-like request: every value kept, the request itself lost
+    assert check_rewrite(task, "The water is 2.5 kg, it starts at 290K and ends at 330K.") == "asks nothing"
+    assert check_rewrite(task, "Calculate the heat for 2.5 kg of water going from 290K to 330K.") is None
     assert check_rewrite(task, "2.5 290 330 " + "very " * 60) == "too long"

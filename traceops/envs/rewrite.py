@@ -4,9 +4,9 @@ The offline generator writes every request (``phrasing``); with a writer model (
 endpoint, e.g. ``traceops serve``), each native request that has gold calls is sent to it to be
 rewritten in natural prose. A rewrite is kept only when a deterministic check passes: every gold value
 still appears in it as the user would write it, it names no tool or parameter identifier, it carries no
-tool-call markup and it is not much longer than the original. Otherwise the offline text stays, and
-the reason is counted (nothing is dropped silently). Requests no tool serves keep their offline text:
-no value can show that a rewrite still asks for something no tool does.
+tool-call markup, it still asks for something and it is not much longer than the original. Otherwise
+the offline text stays, and the reason is counted (nothing is dropped silently). Requests no tool
+serves keep their offline text: no value can show that a rewrite still asks for something no tool does.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from traceops.envs.native import is_native
-from traceops.envs.phrasing import spoken_value, value_pattern
+from traceops.envs.phrasing import intent, spoken_value, value_pattern
 
 WRITER_PROMPT = (
     "You rewrite requests that users send to an assistant. Rewrite the user's message so it reads like a "
@@ -27,6 +27,9 @@ WRITER_PROMPT = (
     "with the rewritten message only."
 )
 MAX_GROWTH = 2.0
+# A request asks: a question, a polite or wanting word, or the tool's own verb ("calculate ...").
+_ASKS = re.compile(r"\?|\b(?:please|can|could|would|need|want|help|let's|tell|show|give|find|get|make)\b",
+                   re.IGNORECASE)
 
 
 @dataclass
@@ -89,6 +92,10 @@ def check_rewrite(task: Mapping[str, Any], text: str) -> str | None:
               if "_" in p}
     if any(re.search(rf"(?<!\w){re.escape(n)}(?!\w)", text) for n in names):
         return "names a tool or parameter"
+    verbs = {intent(str(s["function"].get("description") or ""), s["function"]["name"]).split()[0]
+             for s in task["tools"] if s["function"]["name"] in {c["name"] for c in task["gold"]["calls"]}}
+    if not _ASKS.search(text) and not any(re.search(rf"\b{re.escape(v)}", text, re.I) for v in verbs):
+        return "asks nothing"  # e.g. the values restated as a statement, the request itself lost
     return None
 
 
