@@ -79,19 +79,20 @@ class StepCostCache:
         return content_hash([self._base_ref, capability, folder_hash(self.paths.environments / capability),
                              shape])
 
-    def __call__(self, capability: str) -> StepCosts:
-        """The capability's step costs: cached, or measured now (and cached)."""
+    def __call__(self, capability: str, grpo: bool = False) -> StepCosts:
+        """The capability's step costs (with ``grpo``, its GRPO step's too): cached, or measured now (and
+        cached)."""
         from traceops.train.reference_step import time_reference_step
         from traceops.train.step_cost import measure_step_costs
 
         key = self.key(capability)
         known = ckpt.read_json(self.file) or {}
-        if key in known:
+        if key in known and not (grpo and known[key].get("grpo") is None):
             return StepCosts(**known[key])
         if self._reference is None:
             self._reference = time_reference_step(self._base_dir, seed=self.seed)
         costs = measure_step_costs(capability, self.paths.environments / capability, self._base_dir,
-                                   self.budget, seed=self.seed, reference=self._reference)
+                                   self.budget, seed=self.seed, reference=self._reference, grpo=grpo)
         known = ckpt.read_json(self.file) or {}
         ckpt.write_json(self.file, {**known, key: costs.as_dict()})
         self.measured.append(capability)

@@ -3,7 +3,7 @@ budget in reference steps, reuse of trained adapters, deferral with its reason, 
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -27,10 +27,11 @@ def candidate(name: str, coverage: float, delta: float, reused: tuple[int, int] 
                      min_sft_steps=8, reused=reused)
 
 
-def priced(asked: list[str]):
-    def cost_of(capability: str) -> StepCosts:
-        asked.append(capability)
-        return COSTS[capability]
+def priced(asked: list[tuple[str, bool]]):
+    """A ``cost_of`` over COSTS that, like the measuring one, leaves the GRPO price unknown unless asked."""
+    def cost_of(capability: str, grpo: bool) -> StepCosts:
+        asked.append((capability, grpo))
+        return COSTS[capability] if grpo else replace(COSTS[capability], grpo=None, grpo_seconds=None)
     return cost_of
 
 
@@ -48,10 +49,13 @@ def test_schedule_full_then_sft_first_then_none_below_the_minimum() -> None:
     assert schedule(c, 16, 2, 8, 39.0) == (16, 1)         # SFT whole, one GRPO step with the 7 left
     assert schedule(c, 16, 2, 8, 20.0) == (10, 0)         # SFT cut to what fits
     assert schedule(c, 16, 2, 8, 15.9) is None            # 7 SFT steps < the minimum of 8
+    unpriced = replace(c, grpo=None)
+    assert schedule(unpriced, 16, 2, 8, 20.0) == (10, 0)  # GRPO unpriced: none
+    assert schedule(unpriced, 16, 0, 8, 40.0) == (16, 0)  # no GRPO in the schedule: its price is moot
 
 
 def test_plan_trains_the_top_ranked_and_defers_what_does_not_fit() -> None:
-    asked: list[str] = []
+    asked: list[tuple[str, bool]] = []
     plan = plan_training([candidate("tool_call_format", 0.2, 0.5), candidate("policy_adherence", 0.1, 0.3),
                           candidate("argument_grounding", 0.4, 0.5)], priced(asked), budget=60.0)
     by_cap = {item.capability: item for item in plan.items}
@@ -63,8 +67,9 @@ def test_plan_trains_the_top_ranked_and_defers_what_does_not_fit() -> None:
     assert plan.spent == pytest.approx(60.0)
     assert [i.capability for i in plan.deferred] == ["policy_adherence"]
     assert "spent on higher-ranked capabilities" in (by_cap["policy_adherence"].deferred or "")
-    # A spent budget prices nothing more: the deferred capability was never measured.
-    assert asked == ["argument_grounding", "tool_call_format"]
+    # A spent budget prices nothing more: the deferred capability was never measured; GRPO is priced
+    # only where the full SFT schedule fits (tool_call_format's was cut).
+    assert asked == [("argument_grounding", False), ("argument_grounding", True), ("tool_call_format", False)]
 
 
 def test_a_deferred_capability_fits_the_next_night_when_the_trained_ones_are_reused() -> None:

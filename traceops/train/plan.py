@@ -13,8 +13,10 @@ and successes): the one behind most failures, most specifically, first. Walking 
   is untrained with unchanged environments, so the next night's plan (where the reused ones cost
   nothing) trains it first.
 
-Step costs are measured per capability (traceops/train/step_cost.py): ``cost_of`` is called only for
-the capabilities the walk needs a price for, so a spent budget measures nothing more. Pure: no I/O here.
+Step costs are measured per capability (traceops/train/step_cost.py): ``cost_of(capability, grpo)`` is
+called only for the capabilities the walk needs a price for, so a spent budget measures nothing more, and
+asks for the GRPO step's price (minutes of sampling on a CPU) only where the full SFT schedule fits. A
+capability cut short keeps its adapter until its environments change. Pure: no I/O here.
 """
 
 from __future__ import annotations
@@ -93,18 +95,21 @@ def rank(candidates: Sequence[Candidate]) -> list[Candidate]:
 def schedule(costs: StepCosts, sft_steps: int, grpo_steps: int, min_sft_steps: int,
              left: float) -> tuple[int, int] | None:
     """The longest schedule (SFT steps, GRPO steps) within ``left`` reference steps: the full one when it
-    fits, else SFT first and GRPO with what remains; None when fewer than ``min_sft_steps`` SFT steps fit."""
-    if sft_steps * costs.sft + grpo_steps * costs.grpo <= left:
+    fits, else SFT first and GRPO with what remains (none when its price is unknown); None when fewer than
+    ``min_sft_steps`` SFT steps fit."""
+    grpo_cost = costs.grpo if grpo_steps > 0 else 0.0
+    if grpo_cost is not None and sft_steps * costs.sft + grpo_steps * grpo_cost <= left:
         return sft_steps, grpo_steps
     sft = min(sft_steps, math.floor(left / costs.sft)) if costs.sft > 0 else sft_steps
     if sft < min(min_sft_steps, sft_steps):
         return None
     rest = left - sft * costs.sft
-    grpo = min(grpo_steps, math.floor(rest / costs.grpo)) if costs.grpo > 0 else grpo_steps
-    return sft, grpo
+    if grpo_cost is None:
+        return sft, 0
+    return sft, min(grpo_steps, math.floor(rest / grpo_cost)) if grpo_cost > 0 else grpo_steps
 
 
-def plan_training(candidates: Sequence[Candidate], cost_of: Callable[[str], StepCosts],
+def plan_training(candidates: Sequence[Candidate], cost_of: Callable[[str, bool], StepCosts],
                   budget: float, adapter_share: float = 1.0) -> Plan:
     """Plan ``candidates`` within ``adapter_share`` of ``budget`` reference steps (the rest is the generic
     LoRA's; see the module docstring).
@@ -129,17 +134,19 @@ def plan_training(candidates: Sequence[Candidate], cost_of: Callable[[str], Step
             items.append(PlanItem(**common, deferred=f"the adapters' {budget * adapter_share:g} reference "
                                                      "steps were spent on higher-ranked capabilities"))
             continue
-        costs = cost_of(candidate.capability)
+        costs = cost_of(candidate.capability, False)
         least = min(candidate.min_sft_steps, candidate.sft_steps) * costs.sft
         grpo_steps = candidate.multi_turn_grpo_steps if costs.multi_turn and \
             candidate.multi_turn_grpo_steps is not None else candidate.grpo_steps
+        if grpo_steps > 0 and costs.grpo is None and candidate.sft_steps * costs.sft <= left:
+            costs = cost_of(candidate.capability, True)  # the full SFT fits: GRPO gets what remains
         chosen = schedule(costs, candidate.sft_steps, grpo_steps, candidate.min_sft_steps, left)
         if chosen is None:
             items.append(PlanItem(**common, least_cost=least, deferred=(
                 f"needs at least {least:.1f} reference steps ({candidate.min_sft_steps} SFT steps at "
                 f"{costs.sft:.2f} each); {left:.1f} of the adapters' {budget * adapter_share:g} were left")))
             continue
-        cost = chosen[0] * costs.sft + chosen[1] * costs.grpo
+        cost = chosen[0] * costs.sft + chosen[1] * (costs.grpo or 0.0)
         left -= cost
         items.append(PlanItem(**common, sft_steps=chosen[0], grpo_steps=chosen[1], cost=cost,
                               least_cost=least))

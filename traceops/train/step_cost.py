@@ -27,14 +27,14 @@ SFT_TIMED_STEPS = 2  # after one untimed warm-up step (allocator, kernels, optim
 
 @dataclass(frozen=True)
 class StepCosts:
-    """Reference steps per SFT step and per GRPO step of one capability (``grpo`` 0.0: not measured, the
-    budget has no GRPO), with the seconds behind them."""
+    """Reference steps per SFT step and per GRPO step of one capability (``grpo`` None: not measured; 0.0:
+    the budget has no GRPO for this family), with the seconds behind them."""
 
     sft: float
-    grpo: float
+    grpo: float | None
     reference_seconds: float
     sft_seconds: float
-    grpo_seconds: float
+    grpo_seconds: float | None
     multi_turn: bool
 
     def as_dict(self) -> dict[str, Any]:
@@ -63,10 +63,12 @@ def _step_timer() -> Any:
 def measure_step_costs(capability: str, envs_dir: str | Path, base_model_dir: str | Path,
                        budget: str | Budget = "small", seed: int = 0,
                        reference: ReferenceStep | None = None,
-                       settings: AdapterSettings | None = None) -> StepCosts:
-    """Time SFT steps (median of ``SFT_TIMED_STEPS`` after a warm-up) and, when ``budget`` has GRPO
-    steps for this family, one GRPO step of ``capability``'s training data on the base in
-    ``base_model_dir``, and express them in reference steps (``reference``: timed here when not given).
+                       settings: AdapterSettings | None = None, grpo: bool = True) -> StepCosts:
+    """Time SFT steps (median of ``SFT_TIMED_STEPS`` after a warm-up) and, with ``grpo`` and when
+    ``budget`` has GRPO steps for this family, one GRPO step of ``capability``'s training data on the base
+    in ``base_model_dir``, and express them in reference steps (``reference``: timed here when not given).
+    A GRPO step samples whole episodes (a multi-turn one costs minutes on a CPU), so the planner asks for
+    it only for a capability whose full SFT schedule fits.
 
     Nothing is saved: the trainers write to a temporary folder that is removed.
     """
@@ -90,8 +92,8 @@ def measure_step_costs(capability: str, envs_dir: str | Path, base_model_dir: st
         trainer.train()
         sft_seconds = statistics.median(timer.seconds[1:] or timer.seconds)
         rollout = multi_turn_budget(env_set, tokenizer, chosen) if multi_turn else chosen
-        grpo_seconds = 0.0
-        if rollout.grpo_steps > 0:
+        grpo_seconds: float | None = 0.0 if rollout.grpo_steps == 0 else None
+        if grpo and rollout.grpo_steps > 0:
             timer = _step_timer()
             rows = grpo_rows(env_set, tokenizer, multi_turn)
             grpo = build_grpo_trainer(trainer.model, tokenizer, env_set, rows,
@@ -101,6 +103,7 @@ def measure_step_costs(capability: str, envs_dir: str | Path, base_model_dir: st
             grpo_seconds = timer.seconds[-1]
             del grpo
         del trainer
-    return StepCosts(sft=reference.steps(sft_seconds), grpo=reference.steps(grpo_seconds),
+    return StepCosts(sft=reference.steps(sft_seconds),
+                     grpo=None if grpo_seconds is None else reference.steps(grpo_seconds),
                      reference_seconds=reference.seconds, sft_seconds=sft_seconds, grpo_seconds=grpo_seconds,
                      multi_turn=multi_turn)
