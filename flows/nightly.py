@@ -148,7 +148,9 @@ def night_summary_markdown(result: NightResult) -> str:
     lines += ["| capability | coverage | delta | success before (base) | adapter | after (composite) |",
               "|---|---|---|---|---|---|"]
     for row in capability_rows(result):
-        lines.append(f"| {row['capability']} | {row['coverage']:.2f} | {row['delta']:.2f} | "
+        # delta is None when diagnosis fell back to coverage-only selection (no successes to contrast)
+        coverage, delta = (("-" if v is None else f"{v:.2f}") for v in (row["coverage"], row["delta"]))
+        lines.append(f"| {row['capability']} | {coverage} | {delta} | "
                      f"{_fmt(row['base'], row['base_ci'])} | {_fmt(row['adapter'], row['adapter_ci'])} | "
                      f"{_fmt(row['composite'], row['composite_ci'])} |")
     if result.evaluate is not None:
