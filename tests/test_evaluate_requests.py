@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_evaluate_stage import eval_home  # noqa: F401  (a fixture: a home with every role to evaluate)
 from test_promote_stage import versions as registered_versions  # noqa: F401  (a fixture)
 
 from traceops.evaluation.report import EvalReport
@@ -270,3 +271,38 @@ def test_closing_table_shows_real_requests_per_domain() -> None:
     assert "| bfcl | tool_call_match | 20 | 100% [84-100] | 55% [34-74] |" in text
     assert "Not replayed: 3 no reference." in text
     assert "Paired composite vs base on held-out real requests: -45 pts [-65, -25] (worse)." in text
+
+
+@pytest.mark.slow
+def test_evaluate_flow_replays_heldout_requests_of_every_domain(eval_home: dict) -> None:  # noqa: F811
+    """The evaluate stage (real Prefect run, MLflow store): logged requests of a non-retail domain in
+    the curated store, held out by the split, are replayed by every role and graded; in EvalResult,
+    eval.json, the MLflow metrics and the page."""
+    from mlflow.tracking import MlflowClient
+
+    from traceops import config
+    from traceops.evaluate import read_reports
+    from traceops.flows.evaluate import evaluate_flow
+    from traceops.store import append_trajectories
+
+    home = eval_home["home"]
+    paths = config.load(home).paths
+    runs = [logged(f"w{i}") for i in range(40)]
+    append_trajectories(paths, runs)
+    held = [t.task_id for t in runs if is_heldout(t.task_id, 0, 0.2)]
+    assert held
+    result = evaluate_flow(home=str(home), base_model=str(eval_home["base"]),
+                           adapters={c: str(p) for c, p in eval_home["adapters"].items()},
+                           generic=str(eval_home["generic"]), composite=str(eval_home["composite"]))
+    assert result.requests.replayed == {"weather": len(held)}
+    assert result.requests.graders == {"weather": "tool_call_match"}
+    for role, summary in result.models.items():
+        assert summary.requests_graded == {"weather": len(held)}, role
+        assert 0.0 <= summary.requests_success["weather"] <= 1.0
+    assert set(result.request_comparisons) == {"composite vs champion", "composite vs base"}
+    reports, meta = read_reports(result.eval_json)
+    assert sorted(s.task_id for s in reports["composite"].requests.scores) == sorted(held)
+    assert meta["requests"]["replayed"] == {"weather": len(held)}
+    metrics = MlflowClient(paths.mlflow_uri).get_run(result.mlflow_run).data.metrics
+    assert metrics["composite.requests.graded.weather"] == len(held) and "base.requests.success" in metrics
+    assert "Held-out real requests" in Path(result.report_path).read_text()
