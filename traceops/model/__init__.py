@@ -8,7 +8,8 @@ Specs understood by ``load_model``:
 - an existing folder: a local Hugging Face model with safetensors weights (``LocalChatModel``).
 - ``http(s)://host[:port][/v1]#model``: an OpenAI-compatible endpoint (``OpenAIChatModel``). The
   model name is the URL fragment; the ``model=`` keyword overrides it; with neither, the endpoint
-  must list exactly one model (``traceops serve`` does).
+  must list exactly one model (``traceops serve`` of one model does; one serving a registry lists the
+  champion, its base and the adapters, so name one, e.g. ``#traceops.composite``).
 - anything else: a Hugging Face Hub id, used from the local cache or downloaded when the Hub is
   reachable; otherwise a ModelError says what to pass.
 """

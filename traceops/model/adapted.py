@@ -161,7 +161,7 @@ def _load_base(base_model_dir: Path) -> Any:
                          "config.json and *.safetensors weights") from exc
 
 
-def _base_info(base_model_dir: Path) -> tuple[str, str]:
+def base_info(base_model_dir: Path) -> tuple[str, str]:
     """(model id, weights hash) of a base folder: its recorded manifest, else its folder name and the
     sha256 of its safetensors."""
     manifest = read_manifest(base_model_dir) or {}
@@ -175,7 +175,7 @@ def load_base_model(base_model_dir: str | Path, batch_size: int = 8) -> TrainedC
     baseline of a fair comparison."""
     base_dir = Path(base_model_dir)
     model = _load_base(base_dir)
-    model_id, weights = _base_info(base_dir)
+    model_id, weights = base_info(base_dir)
     info = ModelInfo(model_id=model_id, weights_hash=weights,
                      extra={"backend": "local", "kind": "base", "base_model_dir": str(base_dir),
                             "chat_template": "trl/qwen2_5"})
@@ -205,7 +205,7 @@ def load_adapter_model(base_model_dir: str | Path, adapter_dir: str | Path, batc
                          "model it was trained on") from exc
     if merge:
         model = model.merge_and_unload()
-    model_id, weights = _base_info(base_dir)
+    model_id, weights = base_info(base_dir)
     adapter_hash = safetensors_hash(folder)
     info = ModelInfo(
         model_id=f"{model_id}+lora:{folder.name}",
@@ -227,7 +227,7 @@ def load_composite_model(base_model_dir: str | Path, composite_dir: str | Path,
     base_dir, folder = Path(base_model_dir), Path(composite_dir)
     base = _load_base(base_dir)
     moe = load_moe(base, folder)
-    model_id, weights = _base_info(base_dir)
+    model_id, weights = base_info(base_dir)
     composite_hash = content_hash({"weights": safetensors_hash(folder),
                                    "config": moe.config.to_dict()}, length=64)
     info = ModelInfo(

@@ -167,9 +167,9 @@ class ModelPool:
         pool._entries[default.id] = default
         pool.default = default.id
         if target.base_model_dir is not None:
-            from traceops.model.adapted import _base_info  # the id and hash evaluation records for a base
+            from traceops.model.adapted import base_info  # the id and hash evaluation records for a base
 
-            base_id, weights = _base_info(target.base_model_dir)
+            base_id, weights = base_info(target.base_model_dir)
             base_dir = target.base_model_dir
             base = ServeTarget(spec=str(base_dir), kind="base", base_model_dir=base_dir)
             pool._entries.setdefault(base_id, Entry(id=base_id, kind="base", target=base,
