@@ -24,6 +24,7 @@ from traceops.envs.folder import environment_capabilities
 from traceops.evaluation.replay import ATTRIBUTIONS
 from traceops.evaluation.stage import BASE, CHAMPION, COMPOSITE, GENERIC, EvalParams, RoleSpec, adapter_role
 from traceops.hashing import file_hash, folder_hash
+from traceops.heldout import RequestParams
 from traceops.model.reference import resolve_base_model
 from traceops.results import AdapterResult, EvalResult, GenericResult, RouteResult
 from traceops.tasks.cache import run_cached, stage_key
@@ -144,6 +145,9 @@ def evaluate_flow(home: str | None = None, base_model: str = "embedded",
         env_version or (folder_hash(paths.environments) if has_envs else None),
         file_hash(attributions) if attributions.is_file() else None,
         EvalParams.from_params(settings.stage("evaluate"), full=full).as_dict(),
+        # held-out real requests come from the curated logs and the reference file
+        versioning.data_version(paths.home, "data/curated"),
+        RequestParams.from_params(settings.stage("evaluate").get("requests")).cache_identity(),
     )
     return run_cached(evaluate_task, evaluation_outputs_exist, key=key, roles=[s.as_dict() for s in specs],
                       base_model=base_model, home=home, parent_run_id=parent_run_id, full=full)

@@ -8,6 +8,7 @@ from prefect import flow
 
 from traceops import config, versioning
 from traceops.hashing import file_hash
+from traceops.heldout import RequestParams
 from traceops.results import SynthesizeResult
 from traceops.tasks.cache import run_cached, stage_key
 from traceops.tasks.synthesize import environments_exist, selected_capabilities, synthesize_task
@@ -28,7 +29,9 @@ def synthesize_flow(home: str | None = None, capabilities: list[str] | None = No
     data_version = versioning.data_version(settings.paths.home, "data/curated")
     key = stage_key("synthesize", sorted(chosen), data_version,
                     file_hash(diagnosis_file) if diagnosis_file.exists() else None,
-                    settings.stage("synthesize"), overrides, calibrate_model)
+                    settings.stage("synthesize"), overrides, calibrate_model,
+                    # the held-out split decides which logs may ground the environments
+                    RequestParams.from_params(settings.stage("evaluate").get("requests")).cache_identity())
     return run_cached(synthesize_task, environments_exist, key=key, capabilities=chosen, home=home,
                       calibrate_model=calibrate_model, diagnosis_run=diagnosis_run,
                       parent_run_id=parent_run_id, overrides=overrides)

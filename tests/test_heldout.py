@@ -8,6 +8,7 @@ import pytest
 
 from traceops.errors import InputError
 from traceops.heldout import (
+    RequestParams,
     is_heldout,
     load_references,
     logged_requests,
@@ -139,3 +140,16 @@ def test_synthesis_never_sees_heldout_requests(home) -> None:
     for run_ in held:
         order = run_.messages[1].tool_calls[0].arguments["order_id"]
         assert order not in written and f"phrasing{run_.source.record}x" not in written
+
+
+def test_cache_identity_follows_the_split_and_the_reference_file(tmp_path) -> None:
+    """Stage cache keys read this: a new split or an edited reference file must not reuse old results."""
+    refs = tmp_path / "refs.jsonl"
+    refs.write_text(json.dumps({"task_id": "t1", "reply": {"role": "assistant", "content": "a"}}) + "\n")
+    base = RequestParams.from_params({"references": str(refs)}).cache_identity()
+    assert base == RequestParams.from_params({"references": str(refs)}).cache_identity()
+    assert base != RequestParams.from_params({"references": str(refs), "seed": 1}).cache_identity()
+    assert base != RequestParams.from_params({"references": str(refs),
+                                              "heldout_fraction": 0.3}).cache_identity()
+    refs.write_text(json.dumps({"task_id": "t1", "reply": {"role": "assistant", "content": "b"}}) + "\n")
+    assert base != RequestParams.from_params({"references": str(refs)}).cache_identity()

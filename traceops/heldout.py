@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from traceops.errors import ConfigError, InputError
-from traceops.hashing import content_hash
+from traceops.hashing import content_hash, file_hash
 from traceops.schema import Message, ToolSpec, Trajectory
 
 _HASH_CHARS = 16  # content_hash's hex length: the split draws a number in [0, 1) from it
@@ -92,6 +92,12 @@ class RequestParams:
     def as_dict(self) -> dict[str, Any]:
         """Plain dict (MLflow params, cache key)."""
         return asdict(self)
+
+    def cache_identity(self) -> dict[str, Any]:
+        """What a stage's cache key needs from these settings: the settings and the reference file's
+        content (an edited reference file must not reuse results graded against the old one)."""
+        path = Path(self.references) if self.references else None
+        return {**self.as_dict(), "references_hash": file_hash(path) if path and path.is_file() else None}
 
 
 def heldout_score(task_id: str, seed: int) -> float:
