@@ -117,7 +117,9 @@ def test_the_nightly_summaries_read_the_typed_results() -> None:
                                        "composite_ci": [0.375, 0.875]}]
     summary = json_summary(NIGHT)
     assert list(summary) == ["promoted", "champion", "nothing_to_do", "seconds", "data_version",
-                             "env_version", "selected", "capabilities", "composite", "report", "mlflow_run"]
+                             "env_version", "selected", "deferred", "capabilities", "composite", "report",
+                             "mlflow_run"]
+    assert summary["deferred"] == []  # the train result's plan deferred nothing
     assert summary["champion"] == {"name": "traceops.composite", "version": "1"} and summary["promoted"]
     assert summary["composite"] == {"name": "traceops.composite", "version": "1"}
     assert summary["report"] == "/h/data/eval/report.html" and summary["selected"] == ["tool_call_format"]
@@ -134,6 +136,6 @@ def test_the_nightly_summaries_read_the_typed_results() -> None:
     idle = NightResult(mlflow_run="r", seconds={"ingest": 1.0}, ingest=INGEST, nothing_to_do="no logs")
     assert json_summary(idle) == {
         "promoted": False, "champion": None, "nothing_to_do": "no logs", "seconds": {"ingest": 1.0},
-        "data_version": INGEST.data_version, "env_version": None, "selected": [], "capabilities": [],
-        "composite": None, "report": None, "mlflow_run": "r"}
+        "data_version": INGEST.data_version, "env_version": None, "selected": [], "deferred": [],
+        "capabilities": [], "composite": None, "report": None, "mlflow_run": "r"}
     assert "Nothing to do: no logs" in night_summary_markdown(idle)
