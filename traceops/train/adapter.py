@@ -151,12 +151,18 @@ def episode_turns(env_set: EnvironmentSet, split: str, budget: Budget) -> int:
     return max(1, min(budget.episode_turns, needed + 1))
 
 
-def run_phase(trainer: Any, out_dir: Path, phase: str, resume: bool) -> int | None:
-    """Train, resuming from the phase's last checkpoint when asked; return the step resumed from."""
+def without_printer(trainer: Any) -> Any:
+    """``trainer`` without transformers' PrinterCallback: log lines go to MLflow through on_log, and the
+    printer would dump each log dict on stdout, where the CLI's ``--json`` line must be the only JSON."""
     from transformers.trainer_callback import PrinterCallback
 
-    # Log lines go to MLflow through on_log; transformers' printer would dump each dict on stdout too.
     trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def run_phase(trainer: Any, out_dir: Path, phase: str, resume: bool) -> int | None:
+    """Train, resuming from the phase's last checkpoint when asked; return the step resumed from."""
+    without_printer(trainer)
     checkpoint = ckpt.last_checkpoint(ckpt.phase_dir(out_dir, phase)) if resume else None
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     return ckpt.checkpoint_step(checkpoint)

@@ -72,7 +72,7 @@ def measure_step_costs(capability: str, envs_dir: str | Path, base_model_dir: st
 
     Nothing is saved: the trainers write to a temporary folder that is removed.
     """
-    from traceops.train.adapter import _load_base, prepare_training
+    from traceops.train.adapter import _load_base, prepare_training, without_printer
     from traceops.train.data import grpo_rows, is_multi_turn, load_environment_set, sft_rows
     from traceops.train.grpo import build_grpo_trainer, multi_turn_budget
     from traceops.train.sft import build_sft_trainer
@@ -89,7 +89,7 @@ def measure_step_costs(capability: str, envs_dir: str | Path, base_model_dir: st
         timer = _step_timer()
         trainer = build_sft_trainer(_load_base(base_dir, chosen), tokenizer, sft_rows(env_set), timed,
                                     out / "sft", seed, settings, callbacks=[timer])
-        trainer.train()
+        without_printer(trainer).train()
         sft_seconds = statistics.median(timer.seconds[1:] or timer.seconds)
         rollout = multi_turn_budget(env_set, tokenizer, chosen) if multi_turn else chosen
         grpo_seconds: float | None = 0.0 if rollout.grpo_steps == 0 else None
@@ -99,7 +99,7 @@ def measure_step_costs(capability: str, envs_dir: str | Path, base_model_dir: st
             grpo = build_grpo_trainer(trainer.model, tokenizer, env_set, rows,
                                       replace(rollout, grpo_steps=1, save_steps=10_000), out / "grpo", seed,
                                       multi_turn, callbacks=[timer])
-            grpo.train()
+            without_printer(grpo).train()
             grpo_seconds = timer.seconds[-1]
             del grpo
         del trainer
