@@ -22,10 +22,11 @@ PLANTED = {"policy_adherence", "argument_grounding", "error_recovery", "tool_cal
 pytestmark = pytest.mark.slow
 
 
-def cli(home: Path, *args: str) -> tuple[int, dict, str]:
+def cli(home: Path, *args: str, timeout: float = 1200) -> tuple[int, dict, str]:
+    """``traceops <args> --json`` on ``home``: exit code, last JSON line, stderr's tail."""
     env = {**os.environ, "TRACEOPS_HOME": str(home), "PREFECT_HOME": str(home / ".prefect")}
     out = subprocess.run([sys.executable, "-m", "traceops", *args, "--json"], env=env, capture_output=True,
-                         text=True, timeout=1200, check=False)
+                         text=True, timeout=timeout, check=False)
     last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "{}"
     return out.returncode, json.loads(last), out.stderr[-3000:]
 

@@ -26,6 +26,7 @@ import httpx
 import pytest
 import yaml
 from test_nightly_run import SAMPLE, write_parameters
+from test_nightly_run import cli as nightly_cli
 
 from traceops import config, registry
 from traceops.collect import collect
@@ -44,11 +45,7 @@ RELOAD_KEY = "reload-secret-for-the-test"
 
 def cli(home: Path, *args: str) -> tuple[int, dict, str]:
     """test_nightly_run's ``cli`` with room for a night on a loaded machine."""
-    env = {**os.environ, "TRACEOPS_HOME": str(home), "PREFECT_HOME": str(home / ".prefect")}
-    out = subprocess.run([sys.executable, "-m", "traceops", *args, "--json"], env=env, capture_output=True,
-                         text=True, timeout=2700, check=False)
-    last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "{}"
-    return out.returncode, json.loads(last), out.stderr[-3000:]
+    return nightly_cli(home, *args, timeout=2700)
 
 
 def free_port() -> int:
