@@ -169,9 +169,68 @@ def test_reload_is_refused_without_a_key(registered: Path) -> None:  # noqa: F81
 
 
 @pytest.mark.parametrize("bad", [{"queue_size": 0}, {"poll_seconds": -1}, {"max_batch": "x"}, {"nope": 1},
-                                 {"redact": "sk-.*"}, {"log_traffic": "yes"}])
+                                 {"redact": "sk-.*"}, {"log_traffic": "yes"}, {"max_loaded_models": 0},
+                                 {"max_loaded_models": "4"}, {"domain": ""}, {"domain": 3}])
 def test_serve_params_are_checked(bad: dict[str, Any]) -> None:
     from traceops.errors import ConfigError
 
     with pytest.raises(ConfigError, match="params.yaml serve"):
         ServeParams.from_params(bad)
+
+
+def test_loaded_models_are_capped_least_recently_used_idle_first(registered: Path) -> None:  # noqa: F811
+    import torch
+
+    torch.set_num_threads(2)
+    paths = config.load(registered).paths
+    pool = ModelPool.from_target(resolve_serve_spec(None, paths), paths,
+                                 ServeParams(poll_seconds=0, max_loaded_models=2))
+    with running(create_app(pool)) as url:
+        def loaded() -> dict[str, bool]:
+            return {m["id"]: m["traceops_loaded"] for m in httpx.get(f"{url}/v1/models").json()["data"]}
+
+        (base_id,) = [i for i in pool.ids if pool.entry(i).kind == "base"]
+        assert _ask(url, ADAPTER).status_code == 200
+        assert loaded() == {registry.COMPOSITE_MODEL: True, ADAPTER: True, base_id: False}
+        adapter_served = pool.entry(ADAPTER).served
+        # A third model unloads the least recently used idle one (never the default) and frees it.
+        assert _ask(url).status_code == 200  # the default is used last: still never a candidate
+        assert _ask(url, base_id).status_code == 200
+        assert loaded() == {registry.COMPOSITE_MODEL: True, ADAPTER: False, base_id: True}
+        assert adapter_served is not None and adapter_served.batcher.closed
+        assert adapter_served.batcher.model is None
+        del adapter_served
+        # The unloaded model is still served: it loads again, and the base (now least recent) goes.
+        again = _ask(url, ADAPTER)
+        assert again.status_code == 200 and again.json()["system_fingerprint"].startswith(f"{ADAPTER}/1:")
+        assert loaded() == {registry.COMPOSITE_MODEL: True, ADAPTER: True, base_id: False}
+
+        # Every loaded model busy: 503 with Retry-After instead of a third model in memory.
+        busy_adapter = pool.entry(ADAPTER).served
+        assert busy_adapter is not None
+        body = {"model": ADAPTER, "messages": [{"role": "user", "content": "Tell me everything."}],
+                "max_tokens": 3000}
+        with ThreadPoolExecutor(1) as client:
+            long = client.submit(httpx.post, f"{url}/v1/chat/completions", json=body, timeout=600)
+            deadline = time.monotonic() + 60
+            while not busy_adapter.batcher.busy:
+                assert time.monotonic() < deadline and not long.done(), "the long request never ran"
+                time.sleep(0.01)
+            refused = _ask(url, base_id)
+            still_running = busy_adapter.batcher.busy
+            answered = long.result()
+        assert still_running, "the long request ended before the base was asked for: make it longer"
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+        assert "serve.max_loaded_models is 2" in refused.json()["error"]["message"]
+        assert answered.status_code == 200
+        assert loaded() == {registry.COMPOSITE_MODEL: True, ADAPTER: True, base_id: False}
+        assert _ask(url, base_id).status_code == 200  # idle again: the adapter makes room
+        assert loaded() == {registry.COMPOSITE_MODEL: True, ADAPTER: False, base_id: True}
+
+    # A cap of one holds only the default: another model is refused with what to change.
+    single = ModelPool.from_target(resolve_serve_spec(None, paths), paths,
+                                   ServeParams(poll_seconds=0, max_loaded_models=1))
+    with running(create_app(single)) as url:
+        refused = _ask(url, ADAPTER)
+        assert refused.status_code == 503 and "raise serve.max_loaded_models" in refused.text
+        assert _ask(url).status_code == 200

@@ -88,6 +88,7 @@ class Batcher:
         self._queue: deque[_Job] = deque()
         self._cond = threading.Condition()
         self._closing = False
+        self._running = False  # a batch taken off the queue is being generated
         self._thread = threading.Thread(target=self._run, name=f"traceops-batcher-{name}", daemon=True)
         self._thread.start()
 
@@ -120,6 +121,22 @@ class Batcher:
             self._thread.join()
 
     @property
+    def busy(self) -> bool:
+        """Whether requests are queued or being generated."""
+        with self._cond:
+            return bool(self._queue) or self._running
+
+    def close_if_idle(self) -> bool:
+        """``close`` only when nothing is queued or being generated, atomically with ``submit``; whether
+        it closed (the pool unloads an idle model this way, never one mid-batch)."""
+        with self._cond:
+            if self._queue or self._running or self._closing:
+                return False
+            self._closing = True
+            self._cond.notify()
+        return True
+
+    @property
     def closed(self) -> bool:
         """Whether the worker has answered everything and exited."""
         return not self._thread.is_alive()
@@ -137,6 +154,7 @@ class Batcher:
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
+            self._running = True
             return [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
 
     def _run(self) -> None:
@@ -151,6 +169,9 @@ class Batcher:
                 for job in jobs:
                     if not job.future.done():
                         job.future.set_exception(exc)
+            finally:
+                with self._cond:
+                    self._running = False
 
     def _generate(self, jobs: list[_Job]) -> None:
         self.stats.batches += 1

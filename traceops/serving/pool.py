@@ -6,7 +6,12 @@ evaluation prompts it), the champion composite ``traceops.composite`` and every 
 ``traceops.adapter.<capability>`` (its ``champion`` version where it has one, else its latest). A
 registered entry's id is its registered name; a request may also name it as ``name@alias`` or
 ``name/version`` (with or without ``models:/``) when that is the version it serves, or by the model id
-its weights report. Only the default loads at start; the others load on their first request and stay.
+its weights report. Only the default loads at start; the others load on their first request and stay,
+up to ``serve.max_loaded_models`` models in memory (the default counts): a request for a model not
+loaded when the cap is reached first unloads the least recently used loaded model that has nothing
+queued or being generated (never the default), and when every one is busy it is answered 503 with
+Retry-After (``PoolBusy``) rather than going over the cap. An unloaded model stays listed
+(``traceops_loaded: false``) and loads again on its next request.
 Each model loaded from the registry is its own copy of its base: the loaders fold an adapter into the
 base weights (``merge``) and a composite wraps the base's layers in place, so two cannot share one.
 
@@ -17,8 +22,10 @@ and then lets its weights go. ``start_polling`` runs ``reload`` every ``poll_sec
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,11 +36,15 @@ from traceops.errors import TraceopsError
 from traceops.model.base import ChatModel
 from traceops.registry import ModelRef
 from traceops.served import ServeTarget, load_target, registered_target
-from traceops.serving.batcher import Batcher
+from traceops.serving.batcher import Batcher, QueueFull
 from traceops.serving.params import ServeParams
 from traceops.serving.requests import RequestError, check_prompt
 
 Loader = Callable[[ServeTarget], ChatModel]
+
+
+class PoolBusy(QueueFull):
+    """``serve.max_loaded_models`` models are loaded and none can be unloaded now: retry after a moment."""
 
 
 @dataclass
@@ -67,6 +78,7 @@ class Entry:
     target: ServeTarget | None = None
     served: Served | None = None
     weights_hash: str | None = None
+    last_used: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def names(self) -> set[str]:
@@ -111,6 +123,14 @@ def _current(follow: str) -> ModelRef | None:
     return registry.latest_version(follow)
 
 
+def _free_memory() -> None:
+    """Collect the unloaded model's tensors now and hand cached accelerator memory back."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def _aliases(ref: ModelRef) -> tuple[str, ...]:
     from mlflow import MlflowClient
 
@@ -130,6 +150,7 @@ class ModelPool:
         self._entries = {entry.id: entry for entry in entries}
         self._loader = loader or (lambda target: load_target(target, batch_size=self.params.max_batch))
         self._reload_lock = threading.Lock()
+        self._load_lock = threading.Lock()  # loads one at a time, so the cap holds under concurrency
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
 
@@ -231,16 +252,65 @@ class ModelPool:
                            "(or leave model out for the default)", status=404)
 
     def serving(self, entry: Entry) -> Served:
-        """The loaded version of ``entry``, loading it on first use."""
+        """The loaded version of ``entry``, loading it on first use (unloading the least recently used idle
+        model first when ``max_loaded_models`` are loaded; ``PoolBusy`` when none is idle)."""
+        entry.last_used = time.monotonic()
         served = entry.served
         if served is not None:
             return served
-        with entry.lock:
+        with self._load_lock:
             if entry.served is None:
+                self._make_room(entry)
                 target = entry.target or self._resolve(entry.ref)
                 model = self._loader(target)
-                entry.target, entry.served = target, self._served(model, entry.ref)
-            return entry.served
+                with entry.lock:
+                    entry.target, entry.served = target, self._served(model, entry.ref)
+            return entry.served  # type: ignore[return-value]
+
+    @property
+    def loaded(self) -> list[str]:
+        """The ids of the entries loaded now."""
+        return [e.id for e in list(self._entries.values()) if e.served is not None]
+
+    def _make_room(self, entry: Entry) -> None:
+        """Unload least recently used idle entries until ``entry`` fits under the cap (``_load_lock``
+        held)."""
+        cap = self.params.max_loaded_models
+        if cap is None:
+            return
+        loaded = [e for e in list(self._entries.values()) if e.served is not None]
+        candidates = sorted((e for e in loaded if e.id != self.default and e is not entry),
+                            key=lambda e: e.last_used)
+        excess = len(loaded) + 1 - cap
+        for candidate in candidates:
+            if excess <= 0:
+                return
+            if self.unload(candidate):
+                excess -= 1
+        if excess > 0:
+            if not candidates:
+                raise PoolBusy(f"{entry.id} cannot load: serve.max_loaded_models is {cap} and the default "
+                               f"model {self.default} takes it; raise serve.max_loaded_models to serve "
+                               "other models beside it")
+            raise PoolBusy(f"{entry.id} is not loaded and all {len(loaded)} loaded models "
+                           f"({', '.join(e.id for e in loaded)}) have requests queued or running "
+                           f"(serve.max_loaded_models is {cap}); retry after a moment")
+
+    def unload(self, entry: Entry) -> bool:
+        """Let ``entry``'s weights go when it has nothing queued or being generated (it loads again on its
+        next request); whether it did. The default entry is never unloaded."""
+        served = entry.served
+        if entry.id == self.default or served is None or not served.batcher.close_if_idle():
+            return False
+        with entry.lock:
+            if entry.served is served:
+                entry.served = None
+        served.batcher.close(wait=True)  # idle: the worker exits at once and drops its model
+        sys.stderr.write(f"traceops serve: unloaded {entry.id} ({served.fingerprint}) to stay within "
+                         f"serve.max_loaded_models={self.params.max_loaded_models}\n")
+        del served
+        _free_memory()
+        return True
 
     def _resolve(self, ref: ModelRef | None) -> ServeTarget:
         if ref is None or self.paths is None:
