@@ -65,6 +65,22 @@ def test_record_writes_a_call_log_that_the_openai_reader_reads(tmp_path: Path) -
     assert first.outcome.success is None
 
 
+def test_the_request_names_the_domain_before_the_served_model(tmp_path: Path) -> None:
+    traffic = ServedTraffic(tmp_path)
+    model_only = {k: v for k, v in SERVED_BY.items() if k != "domain"}
+    in_body, in_header = exchange(0), exchange(1)
+    in_body[0]["metadata"] = {"domain": "airline", "user": "u1"}
+    traffic.record(*in_body, served_by=SERVED_BY, domain="telecom")  # the body wins over the header
+    traffic.record(*in_header, served_by=SERVED_BY, domain="telecom")
+    traffic.record(*exchange(2), served_by=SERVED_BY, domain="  ")  # blank: the served model's
+    odd = exchange(3)
+    odd[0]["metadata"] = {"domain": 7}  # not a name: passed over
+    traffic.record(*odd, served_by=model_only)
+    items = {t.task_id: t for t in iter_items([tmp_path])}
+    assert {k: t.domain for k, t in items.items()} == {
+        "chatcmpl-0": "airline", "chatcmpl-1": "telecom", "chatcmpl-2": "retail", "chatcmpl-3": "unknown"}
+
+
 def test_secrets_are_redacted_in_contents_and_tool_arguments(tmp_path: Path) -> None:
     key = "sk-proj-" + "a1B2" * 8
     arguments = json.dumps({"email": "jo@example.com", "token": f"Bearer {'x' * 24}"})

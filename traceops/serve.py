@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 VERSION_HEADER = "X-Traceops-Model-Version"
 RELOAD_KEY_HEADER = "X-Traceops-Reload-Key"
+DOMAIN_HEADER = "X-Traceops-Domain"  # the domain a logged exchange belongs to (traceops.traffic)
 RETRY_AFTER_S = 1
 
 
@@ -169,13 +170,16 @@ def create_app(model: ChatModel | ModelPool, api_key: str | None = None, registe
     def list_models() -> dict[str, Any]:
         return {"object": "list", "data": pool.listing()}
 
-    async def record(body: dict[str, Any], response: dict[str, Any], entry_id: str, served: Served) -> None:
+    async def record(body: dict[str, Any], response: dict[str, Any], entry_id: str, served: Served,
+                     domain: str | None) -> None:
         if traffic is None:
             return
         served_by = {"model": entry_id, "name": served.ref.name if served.ref else served.model.info.model_id,
                      "version": served.ref.version if served.ref else None, "fingerprint": served.fingerprint}
+        if served.domain:
+            served_by["domain"] = served.domain
         try:
-            await run_in_threadpool(traffic.record, body, response, served_by)
+            await run_in_threadpool(traffic.record, body, response, served_by, domain)
         except Exception as exc:  # noqa: BLE001 - logging must never fail a served request
             app.state.traffic_errors += 1
             sys.stderr.write(f"traceops serve: could not log exchange {response.get('id')}: "
@@ -204,7 +208,7 @@ def create_app(model: ChatModel | ModelPool, api_key: str | None = None, registe
             return JSONResponse(status_code=500, content=body)
         response = completion_response(completion, entry_id)
         response["system_fingerprint"] = served.fingerprint
-        await record(await http.json(), response, entry_id, served)
+        await record(await http.json(), response, entry_id, served, http.headers.get(DOMAIN_HEADER))
         return JSONResponse(content=response, headers={VERSION_HEADER: served.fingerprint})
 
     @app.post("/v1/reload", response_model=None)

@@ -4,7 +4,11 @@
 UTC day of the response), in the call-log shape ``formats/openai.py`` reads::
 
     {"id": <response id>, "time": ..., "request": {...}, "response": {...},
-     "domain": <served_by["domain"], when given>, "metadata": {"served_by": {...}, "time": ...}}
+     "domain": <see below, when known>, "metadata": {"served_by": {...}, "time": ...}}
+
+``domain`` is the request's own (``metadata.domain`` in its body, else the ``domain`` argument: the
+``X-Traceops-Domain`` header), else ``served_by["domain"]`` (``serve.domain``, or the served version's
+training domain: ``serving.domain``); without one the record ingests as domain ``unknown``.
 
 The top-level ``id`` is the response id, so it is the trajectory's ``task_id`` after ingest and the
 key that feedback is joined on. ``feedback(id, success=..., reward=...)`` appends
@@ -95,6 +99,19 @@ def _last_byte(path: Path, size: int) -> bytes:
         return handle.read(1)
 
 
+def _domain_name(value: Any) -> str | None:
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def exchange_domain(request: dict, header: str | None, served: str | None) -> str | None:
+    """The domain an exchange is logged under: the request body's ``metadata.domain``, else ``header``
+    (``X-Traceops-Domain``), else ``served`` (the served model's); a value that is not a non-blank
+    string is passed over."""
+    metadata = request.get("metadata")
+    stated = metadata.get("domain") if isinstance(metadata, dict) else None
+    return _domain_name(stated) or _domain_name(header) or _domain_name(served)
+
+
 class Redactor:
     """Replaces every match of a list of regexes by ``[REDACTED]`` in strings, recursively."""
 
@@ -167,8 +184,9 @@ class ServedTraffic:
         self._days: dict[str, Path] = {}  # response id -> the day file that holds it
         self._scanned: dict[Path, int] = {}  # day file -> bytes already indexed
 
-    def record(self, request: dict, response: dict, served_by: dict) -> None:
-        """Append one exchange (request, response, which model served it) to today's file, redacted."""
+    def record(self, request: dict, response: dict, served_by: dict, domain: str | None = None) -> None:
+        """Append one exchange (request, response, which model served it) to today's file, redacted;
+        ``domain`` is the one the client named outside the body (module docstring)."""
         if not self.enabled:
             return
         now = datetime.now(UTC)
@@ -184,8 +202,9 @@ class ServedTraffic:
                 for choice in response["choices"]]
         record: dict[str, Any] = {"id": response_id, "time": now.isoformat(),
                                   "request": redacted_request, "response": redacted_response}
-        if served_by.get("domain"):
-            record["domain"] = served_by["domain"]
+        named = exchange_domain(request, domain, served_by.get("domain"))
+        if named:
+            record["domain"] = named
         record["metadata"] = {"served_by": served_by, "time": now.isoformat()}
         path = day_file(self.root, now)
         with self._lock:

@@ -37,6 +37,7 @@ from traceops.model.base import ChatModel
 from traceops.registry import ModelRef
 from traceops.served import ServeTarget, load_target, registered_target
 from traceops.serving.batcher import Batcher, QueueFull
+from traceops.serving.domain import served_domain
 from traceops.serving.params import ServeParams
 from traceops.serving.requests import RequestError, check_prompt
 
@@ -49,11 +50,13 @@ class PoolBusy(QueueFull):
 
 @dataclass
 class Served:
-    """One loaded model version and the batcher generating its requests."""
+    """One loaded model version and the batcher generating its requests; ``domain`` is the one its
+    exchanges are logged under when the request names none (``serving.domain.served_domain``)."""
 
     model: ChatModel
     ref: ModelRef | None
     batcher: Batcher
+    domain: str | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -161,7 +164,8 @@ class ModelPool:
         batcher = Batcher(model, queue_size=self.params.queue_size,
                           window_s=self.params.batch_window_ms / 1000,
                           max_batch=self.params.max_batch, check=check_prompt, name=name)
-        return Served(model=model, ref=ref, batcher=batcher)
+        return Served(model=model, ref=ref, batcher=batcher,
+                      domain=served_domain(ref, self.paths, self.params.domain))
 
     @classmethod
     def single(cls, model: ChatModel, registered: ModelRef | None = None,
