@@ -4,9 +4,14 @@ A request-mode composite fixes one gate per sequence from a base-only pass over 
 (``MoEModel.request_gates``): each block's router logits averaged over the prompt's tokens. Agent
 prompts share a long system + tools prefix, so that pass reads mostly the same tokens for every row,
 turn after turn (on the embedded model it was half of a composite's evaluation time). ``RequestDecider``
-keeps the prefix's base-only keys and values and the sum of each block's router logits over it; a
+keeps the prefix's base-only keys and values and each block's running sum of router logits over it; a
 decision then runs only each row's own tokens behind the prefix and pools
 ``(prefix sum + own sum) / (prefix length + own length)``: the same prompt mean, so the same gate.
+
+Requests served one at a time share the system + tools start but differ after it, so the stored prefix
+(one prompt) is rarely a start of the next. The sums are kept per position (cumulative), so the stored
+pass is cut back to the start both share: keys/values sliced to ``c`` positions and the sums read at
+``c - 1``; only the rest of the new prompt runs.
 """
 
 from __future__ import annotations
@@ -24,12 +29,24 @@ if TYPE_CHECKING:
 
 @dataclass
 class _DecisionPrefix:
-    """A prefix's base-only keys/values (batch 1) and per-block router-logit sums ``[1, E']``."""
+    """A prefix's base-only keys/values (batch 1) and, per block, its router logits summed over positions
+    ``0..t`` for every ``t`` (``cumsums``, ``[T, E']`` float32)."""
 
     state: tuple[Any, ...]
     tokens: list[int]
     layers: list[tuple[Any, Any]]
-    sums: list[Any]
+    cumsums: list[Any]
+
+    @property
+    def sums(self) -> list[Any]:
+        """Each block's router-logit sum ``[1, E']`` over the whole prefix."""
+        return [cumsum[-1:] for cumsum in self.cumsums]
+
+    def start(self, length: int) -> _DecisionPrefix:
+        """The prefix cut to its first ``length`` tokens (views, no copy; ``0 < length <= len(tokens)``)."""
+        return _DecisionPrefix(state=self.state, tokens=self.tokens[:length],
+                               layers=[(k[:, :, :length], v[:, :, :length]) for k, v in self.layers],
+                               cumsums=[cumsum[:length] for cumsum in self.cumsums])
 
 
 class RequestDecider:
@@ -67,24 +84,26 @@ class RequestDecider:
         return self.moe.pooled_gates(pooled)
 
     def _prefix(self, tokens: list[int]) -> _DecisionPrefix:
-        """The decision pass over ``tokens`` at batch 1, extending the stored prefix when it starts them."""
+        """The decision pass over ``tokens`` at batch 1, resuming the stored prefix from the start both
+        share (none shared: from scratch). Only one prefix is stored: the longest pass just made."""
         import torch
 
         state = self.chat._weights_state()
         stored = self._stored if self._stored is not None and self._stored.state == state else None
-        if stored is not None and stored.tokens == tokens:
-            return stored
-        if stored is not None and len(os.path.commonprefix([stored.tokens, tokens])) < len(stored.tokens):
-            stored = None  # not a start of these tokens: the pass runs from scratch
-        start = len(stored.tokens) if stored is not None else 0
-        reused = stored.layers if stored is not None else None
-        cache = self.chat._growing_cache(reused, batch=1, capacity=len(tokens))
-        ids = torch.tensor([tokens[start:]], dtype=torch.long, device=self.moe.device)
+        shared = len(os.path.commonprefix([stored.tokens, tokens])) if stored is not None else 0
+        if stored is not None and shared == len(tokens):
+            # A start of the stored tokens (or all of them): no pass; keep the longer one stored.
+            return stored if shared == len(stored.tokens) else stored.start(shared)
+        resumed = stored.start(shared) if stored is not None and shared else None
+        cache = self.chat._growing_cache(resumed.layers if resumed is not None else None, batch=1,
+                                         capacity=len(tokens))
+        ids = torch.tensor([tokens[shared:]], dtype=torch.long, device=self.moe.device)
         with torch.inference_mode(), self.moe.deciding() as logits:
             self.chat.model(input_ids=ids, cache=cache, use_cache=True, **self.chat._no_logits())
-        sums = [logits[block].float().sum(dim=1) for block in sorted(logits)]
-        if stored is not None:
-            sums = [old + new for old, new in zip(stored.sums, sums, strict=True)]
+        cumsums = [logits[block][0].float().cumsum(dim=0) for block in sorted(logits)]
+        if resumed is not None:
+            cumsums = [torch.cat([old, old[-1:] + new])
+                       for old, new in zip(resumed.cumsums, cumsums, strict=True)]
         layers = [(layer.keys, layer.values) for layer in cache.layers]
-        self._stored = _DecisionPrefix(state=state, tokens=list(tokens), layers=layers, sums=sums)
+        self._stored = _DecisionPrefix(state=state, tokens=list(tokens), layers=layers, cumsums=cumsums)
         return self._stored
