@@ -2,7 +2,9 @@
 
 The fixture (tests/fixtures/unseen/) is 20 OpenAI call logs of a lab-services agent with six tools
 (integer, number, enum, date-string, nested-object parameters): 12 single calls, 4 replies with several
-calls, 4 replies that call nothing to unrelated requests, and an outcomes side file.
+calls, 4 replies that call nothing to unrelated requests, and an outcomes side file. ``prompted_logs``
+are the same requests opened with the agent's system prompt (most of them; an older prompt or none on the
+rest), as production requests are.
 """
 
 from __future__ import annotations
@@ -17,14 +19,17 @@ import pytest
 from traceops.envs.base import AssistantTurn, Call, play
 from traceops.envs.families import FAMILIES
 from traceops.envs.grounding import build_grounding
-from traceops.envs.native import NativeTaskError, check_task, schema_errors
+from traceops.envs.native import NativeTaskError, check_task, schema_errors, system_prompt_for
 from traceops.envs.phrasing import mine_template, spoken_value, unit_of
 from traceops.envs.selftest import self_test
 from traceops.formats.detect import iter_items
-from traceops.schema import Trajectory
+from traceops.schema import Message, Trajectory
 
 FIXTURE = Path(__file__).parent / "fixtures" / "unseen" / "calls.jsonl"
 NATIVE_FAMILIES = ("tool_call_format", "tool_selection", "argument_grounding", "irrelevance_refusal")
+AGENT_PROMPT = ("You are LabDesk, the assistant of Kestrel Labs' service desk. Use the lab's tools for "
+                "anything they can do; politely decline anything else.")
+OLD_PROMPT = "You are a helpful lab assistant."
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +47,29 @@ def grounding(logs):
 @pytest.fixture(scope="module")
 def tasks(grounding) -> dict[str, list[dict[str, Any]]]:
     return {name: FAMILIES[name].generate(grounding, 3, 24) for name in NATIVE_FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def prompted_logs(logs) -> list[Trajectory]:
+    """15 requests open with AGENT_PROMPT, 3 with OLD_PROMPT, 2 with no system message."""
+    out = []
+    for index, trajectory in enumerate(logs):
+        text = AGENT_PROMPT if index % 4 else OLD_PROMPT if index % 8 == 0 else None
+        system = [Message(role="system", content=text)] if text else []
+        out.append(trajectory.model_copy(update={"messages": [*system, *trajectory.messages]}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompted_tasks(prompted_logs) -> dict[str, list[dict[str, Any]]]:
+    grounding = build_grounding(prompted_logs)
+    return {name: FAMILIES[name].generate(grounding, 3, 24) for name in NATIVE_FAMILIES}
+
+
+def opening(task: dict[str, Any]) -> list[dict[str, str]]:
+    """What a production request of this task would send: the logged system prompt (if any), the request."""
+    system = [{"role": "system", "content": task["system_prompt"]}] if "system_prompt" in task else []
+    return [*system, {"role": "user", "content": task["instruction"]}]
 
 
 def logged_specs(logs: list[Trajectory]) -> dict[str, dict[str, Any]]:
@@ -195,7 +223,7 @@ class _GoldAgent:
 
         out = []
         for conversation in conversations:
-            task = self.by_request[conversation[0]["content"]]
+            task = self.by_request[next(m["content"] for m in conversation if m["role"] == "user")]
             self.seen.append((task["task_id"], tools))
             if conversation[-1]["role"] == "tool" or not task["gold"]["calls"]:
                 out.append("Done.")
@@ -226,28 +254,43 @@ def _write_folder(folder: Path, capability: str, tasks: list[dict[str, Any]]) ->
     return folder
 
 
-def test_training_and_served_prompts_render_the_same_tools(tmp_path, tasks, tiny_model_dir):
+@pytest.mark.parametrize("which", ["tasks", "prompted_tasks"])
+def test_training_and_served_prompts_render_the_same_tools(which, request, tmp_path, tiny_model_dir):
+    """SFT demo, GRPO row (train and export) and served prompt: the same text, tools and system message."""
+    from traceops.envs.export import to_dataset
     from traceops.model.chat_template import load_tokenizer
     from traceops.model.toolcalls import render_prompt
     from traceops.train.data import grpo_rows, is_multi_turn, load_environment_set, sft_rows
 
+    tasks = request.getfixturevalue(which)
     folder = _write_folder(tmp_path / "sel", "tool_selection", tasks["tool_selection"][:6])
     env_set = load_environment_set(folder)
     assert not is_multi_turn(env_set)  # per-task tools: single-turn GRPO on the replayed reply
     tokenizer = load_tokenizer(str(tiny_model_dir))
     rows = sft_rows(env_set)
     prompts = grpo_rows(env_set, tokenizer, multi_turn=False)
-    for task, row, prompt in zip(env_set.tasks("train"), rows, prompts, strict=True):
+    exported = to_dataset(env_set.tasks("train"), FAMILIES["tool_selection"], tokenizer)
+    assert ("system_prompt" in env_set.tasks("train")[0]) == (which == "prompted_tasks")
+    for task, row, prompt, export in zip(env_set.tasks("train"), rows, prompts, exported, strict=True):
+        first = opening(task)
         assert json.loads(row["tools"]) == task["tools"]
-        assert row["messages"][0] == {"role": "user", "content": task["instruction"]}
-        assert row["messages"][1]["content"].startswith("<tool_call>")
-        served = render_prompt(tokenizer, [{"role": "user", "content": task["instruction"]}], task["tools"])
-        trained = tokenizer.apply_chat_template(row["messages"][:1], tools=json.loads(row["tools"]),
+        assert row["messages"][: len(first)] == first
+        assert row["messages"][len(first)]["content"].startswith("<tool_call>")
+        served = render_prompt(tokenizer, first, task["tools"])
+        trained = tokenizer.apply_chat_template(row["messages"][: len(first)], tools=json.loads(row["tools"]),
                                                 tokenize=False, add_generation_prompt=True)
-        assert served == trained == prompt["prompt"]
+        assert served == trained == prompt["prompt"] == export["prompt"]
+        assert json.loads(export["task_json"]) == task
+        # the system text is the agent's logged one where the logs have one (the tools follow it)
+        system_turn = served.split("<|im_end|>")[0]
+        if which == "prompted_tasks":
+            assert task["system_prompt"] == AGENT_PROMPT
+            assert system_turn.startswith(f"<|im_start|>system\n{AGENT_PROMPT}\n")
+        else:
+            assert AGENT_PROMPT not in served and OLD_PROMPT not in served
         for spec in task["tools"]:
-            assert spec["function"]["name"] in served
-            assert json.dumps(spec["function"]["parameters"]["properties"])[:40] in served
+            assert spec["function"]["name"] in system_turn
+            assert json.dumps(spec["function"]["parameters"]["properties"])[:40] in system_turn
 
 
 def test_tiny_sft_step_consumes_native_demos(tmp_path, tasks, tiny_model_dir):
@@ -330,3 +373,109 @@ def test_tiny_adapter_trains_on_native_environments(tmp_path, tasks, tiny_model_
     result = train_adapter("tool_selection", folder, tiny_model_dir, tmp_path / "out", budget=budget, seed=0)
     assert not result.config["multi_turn"] and len(result.sft_losses) == 2 and len(result.grpo_rewards) == 1
     assert result.val_before["n"] == 2 and 0.0 <= result.val_after["success"] <= 1.0
+
+
+def test_grounding_mines_the_most_common_system_prompt_per_tool_set(logs, prompted_logs, grounding):
+    from dataclasses import replace
+
+    names = sorted(t.name for t in logs[0].tools)
+    mined = build_grounding(prompted_logs)
+    assert mined.system_prompts == ({"tools": names, "content": AGENT_PROMPT, "requests": 20},)
+    assert mined.to_dict()["system_prompts"] == [dict(mined.system_prompts[0])]
+    # logs without system messages keep today's grounding (and hash); the catalog domain ignores them
+    assert grounding.system_prompts == () and "system_prompts" not in grounding.to_dict()
+    retail = [t.model_copy(update={"domain": "retail"}) for t in prompted_logs]
+    assert build_grounding(retail).system_prompts == ()
+    # mined from the requests synthesis may read (the train split: phrasing_from), not from the seeds alone
+    assert build_grounding(prompted_logs, phrasing_from=logs).system_prompts == ()
+    assert build_grounding(logs[:3], phrasing_from=prompted_logs).system_prompts == mined.system_prompts
+    # a tool set whose requests mostly had no system message is prompted without one
+    mostly_none = [t if i < 12 else prompted_logs[i] for i, t in enumerate(logs)]
+    assert build_grounding(mostly_none).system_prompts[0]["content"] == ""
+
+    sets = replace(grounding, system_prompts=(
+        {"tools": ["a", "b", "c"], "content": "P-abc", "requests": 5},
+        {"tools": ["a", "b", "c", "d", "e"], "content": "P-wide", "requests": 2},
+        {"tools": ["d", "e"], "content": "P-de", "requests": 3},
+        {"tools": ["f"], "content": "", "requests": 4},
+    ))
+    assert system_prompt_for(sets, ["a"]) == "P-abc"  # both sets offered it: the more common one
+    assert system_prompt_for(sets, ["d"]) == "P-de"  # tie on coverage and count 3 > 2
+    assert system_prompt_for(sets, ["a", "d"]) == "P-wide"  # only that set offered both
+    assert system_prompt_for(sets, ["d", "e", "f"]) == "P-de"  # no set offered all: the largest overlap
+    assert system_prompt_for(sets, ["f"]) == "" and system_prompt_for(sets, ["zz"]) == ""
+
+
+def test_native_tasks_open_with_the_logged_system_prompt(prompted_tasks, tasks):
+    from traceops.agent import run_episodes
+    from traceops.envs.export import demonstrations
+
+    assert all("system_prompt" not in t for family_tasks in tasks.values() for t in family_tasks)
+    for name, family_tasks in prompted_tasks.items():
+        family = FAMILIES[name]
+        env = family.make_env()
+        for task in family_tasks:
+            assert task["system_prompt"] == AGENT_PROMPT
+            env.reset(**task)
+            assert env.tools_vary() and env.system_prompt == AGENT_PROMPT
+            assert demonstrations(env, task)[:2] == opening(task)
+        env.reset(**tasks[name][0])  # the same environment on a task of logs without one: no prompt left over
+        assert env.system_prompt == ""
+        assert self_test(family, family_tasks[:8])["passed"]
+    selection = prompted_tasks["tool_selection"][:4]
+    trajectories = run_episodes(_GoldAgent(selection), FAMILIES["tool_selection"].make_env, selection,
+                                max_turns=3, batch_size=4)
+    assert [t.outcome.reward for t in trajectories] == [1.0] * 4
+    assert all(t.messages[0] == Message(role="system", content=AGENT_PROMPT) for t in trajectories)
+
+
+def test_catalog_export_is_unchanged_and_native_export_needs_the_tokenizer(logs, prompted_tasks):
+    from traceops.envs.export import dataset_rows, to_dataset
+    from traceops.errors import ConfigError
+
+    retail = build_grounding([t.model_copy(update={"domain": "retail"}) for t in logs])
+    family = FAMILIES["tool_selection"]
+    catalog = family.generate(retail, 0, 4)
+    assert to_dataset(catalog, family).to_list() == dataset_rows(catalog, family.env_class.system_prompt)
+    with pytest.raises(ConfigError, match="brings its own tools"):
+        to_dataset(prompted_tasks["tool_selection"][:2], family)
+    with pytest.raises(ConfigError, match="some tasks bring their own tools"):
+        to_dataset([*catalog[:1], *prompted_tasks["tool_selection"][:1]], family, tokenizer=object())
+
+
+def test_grpo_rollout_prompt_is_the_sft_demo_prompt_and_the_served_prompt(prompted_tasks, tmp_path,
+                                                                          tiny_model_dir):
+    """Token ids: what TRL's GRPOTrainer (built as training builds it) feeds the policy for a native task ==
+    the start of its SFT demonstration's sequence == the served prompt (render_prompt as the server and
+    the agent loop send it, and as a trained adapter renders it)."""
+    from dataclasses import replace
+
+    from transformers import AutoModelForCausalLM
+
+    from traceops.model.adapted import training_conversation
+    from traceops.model.chat_template import load_tokenizer
+    from traceops.model.toolcalls import render_prompt
+    from traceops.train.budgets import BUDGETS
+    from traceops.train.data import grpo_rows, load_environment_set, sft_rows
+    from traceops.train.grpo import build_grpo_trainer
+    from traceops.train.sft import assistant_mask
+
+    chosen = prompted_tasks["tool_selection"][:3]
+    env_set = load_environment_set(_write_folder(tmp_path / "sel", "tool_selection", chosen))
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    rows = grpo_rows(env_set, tokenizer, multi_turn=False)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    budget = replace(BUDGETS["tiny"], grpo_steps=1, save_steps=100)
+    trainer = build_grpo_trainer(model, tokenizer, env_set, rows, budget, tmp_path / "grpo", 0,
+                                 multi_turn=False)
+    rollout_ids, _, _ = trainer._tokenize_prompts([row["prompt"] for row in rows])
+    for task, ids, sft in zip(env_set.tasks("train"), rollout_ids, sft_rows(env_set), strict=True):
+        served = render_prompt(tokenizer, opening(task), task["tools"])
+        served_ids = tokenizer(served, add_special_tokens=False)["input_ids"]
+        demo_ids, mask = assistant_mask(tokenizer, sft["messages"], json.loads(sft["tools"]))
+        assert list(ids) == served_ids == demo_ids[: len(served_ids)]
+        # the demo's loss starts at the end of that prompt (TRL's training template counts the newline
+        # after "<|im_start|>assistant", which the generation prompt already holds, as the reply's)
+        assert mask.index(1) == len(served_ids) - 1
+        assert AGENT_PROMPT in tokenizer.decode(ids)
+        assert render_prompt(tokenizer, training_conversation(opening(task)), task["tools"]) == served

@@ -116,12 +116,13 @@ class ApiCallEnv(CachedDispatchEnvironment):
 
     def reset(self, **task: Any) -> str:
         """Start an episode on a task spec; returns the catalog and the user's request (native: the
-        request alone, the tools are the task's own)."""
+        request alone, the tools and the system prompt are the task's own)."""
         self._task = load_task(task, self.capability)
         self._native = is_native(self._task)
         if self._native:
             self._apis = {s["function"]["name"]: s["function"] for s in self._task["tools"]}
-            self.system_prompt = ""  # the served model's own prompt path: no catalog, no instructions
+            # the served model's own prompt path: the agent's logged system prompt (if any), no catalog
+            self.system_prompt = str(self._task.get("system_prompt") or "")
         else:
             self._apis = {a["name"]: a for a in self._task["apis"]}
             self.system_prompt = type(self).system_prompt

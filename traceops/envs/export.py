@@ -2,8 +2,15 @@
 
 A dataset row carries ``task_id``, ``capability``, ``level``, the whole spec as one ``task_json``
 string (specs nest and differ by family, which Arrow columns do not like) and a conversational
-``prompt``: the system prompt plus an empty user turn, because TRL appends what ``reset`` returns to
-the last user message. TRL passes every column to ``reset``; ``load_task`` reads ``task_json``.
+``prompt``: the task's system prompt plus an empty user turn, because TRL appends what ``reset`` returns
+to the last user message. TRL passes every column to ``reset``; ``load_task`` reads ``task_json``.
+
+Tasks that bring their own tools and system prompt (``Environment.tools_vary``: a domain's logged tools,
+offered natively) cannot go through ``environment_factory``: TRL 1.16 renders an environment's tools
+from its class (``GRPOTrainer._tokenize_prompts``: one tool list per environment, never per row). Their
+rows hold the prompt already rendered, system prompt and tools included, by the serving path
+(``traceops.model.toolcalls.render_prompt``), for ``GRPOTrainer(reward_funcs=[replay_reward(...)])``
+(``traceops.train.rollouts``), which replays each completion on its ``task_json``.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from typing import Any
 
 from traceops.envs.base import Environment
 from traceops.envs.family import TASK_COLUMN, Family
+from traceops.errors import ConfigError
 from traceops.hashing import canonical_json
 
 
@@ -34,16 +42,50 @@ def dataset_rows(tasks: Sequence[dict[str, Any]], system_prompt: str) -> list[di
     ]
 
 
-def to_dataset(tasks: Sequence[dict[str, Any]], family: Family) -> Any:
-    """A ``datasets.Dataset`` of ``tasks`` ready for ``GRPOTrainer(environment_factory=family.make_env)``."""
+def opening(env: Environment, observation: str) -> list[dict[str, str]]:
+    """The messages an episode starts with, read after ``reset``: the environment's system prompt (a
+    native task's own, the logged one) when it has one, then the user's request."""
+    system = [{"role": "system", "content": env.system_prompt}] if env.system_prompt else []
+    return [*system, {"role": "user", "content": observation}]
+
+
+def to_dataset(tasks: Sequence[dict[str, Any]], family: Family, tokenizer: Any = None) -> Any:
+    """A ``datasets.Dataset`` of ``tasks`` ready for ``GRPOTrainer(environment_factory=family.make_env)``,
+    each row prompted with its own task's system prompt. Tasks that bring their own tools need
+    ``tokenizer``: their ``prompt`` is the rendered text of the task's opening with its tools (module
+    docstring), the same text the served model and the SFT demonstrations get."""
     import datasets
 
-    rows = dataset_rows(tasks, family.env_class.system_prompt)
+    env = family.make_env()
+    rows: list[dict[str, Any]] = []
+    kinds = set()
+    for task in tasks:
+        observation = env.reset(**task)
+        kinds.add(env.tools_vary())
+        if len(kinds) > 1:
+            raise ConfigError(f"{family.capability}: some tasks bring their own tools and some do not; "
+                              "export them as two datasets (they train through different GRPO setups)")
+        if env.tools_vary():
+            rows.append(_native_row(env, task, observation, tokenizer))
+        else:
+            rows.extend(dataset_rows([task], env.system_prompt))
     if not rows:
         return datasets.Dataset.from_dict(
             {"task_id": [], "capability": [], "level": [], TASK_COLUMN: [], "prompt": []}
         )
     return datasets.Dataset.from_list(rows)
+
+
+def _native_row(env: Environment, task: dict[str, Any], observation: str, tokenizer: Any) -> dict[str, Any]:
+    """A row of a task with its own tools: the prompt rendered as serving renders it."""
+    from traceops.model.toolcalls import render_prompt
+
+    if tokenizer is None:
+        raise ConfigError(f"task {task.get('task_id')} brings its own tools, which TRL's environment_factory "
+                          "cannot render (it reads tools from the class): pass to_dataset(..., tokenizer=) "
+                          "and train with reward_funcs=[traceops.train.rollouts.replay_reward(...)]")
+    prompt = render_prompt(tokenizer, opening(env, observation), env.tool_specs())
+    return {**dataset_rows([task], "")[0], "prompt": prompt}
 
 
 def _call_message(calls: Sequence[Any], step: int, arguments_as: str) -> dict[str, Any]:
@@ -70,11 +112,7 @@ def demonstrations(
     Face chat templates render); the default ``"json"`` is OpenAI's string form."""
     if arguments_as not in ("json", "dict"):
         raise ValueError("arguments_as must be 'json' or 'dict'")
-    observation = env.reset(**task)
-    messages: list[dict[str, Any]] = []
-    if env.system_prompt:
-        messages.append({"role": "system", "content": env.system_prompt})
-    messages.append({"role": "user", "content": observation})
+    messages: list[dict[str, Any]] = list(opening(env, env.reset(**task)))
     for step, turn in enumerate(env.oracle()):
         if turn.calls:
             message = _call_message(turn.calls, step, arguments_as)

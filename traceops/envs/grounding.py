@@ -42,6 +42,9 @@ class Grounding:
     "properties"}], "required": [...]}``. ``entities``: kind -> ``{"prefix", "digits", "examples"}`` for
     id-like values, plus ``"email"`` -> ``{"domain"}``. ``source`` is ``logs`` (schemas given),
     ``inferred`` (from observed calls only) or ``default`` (no tools at all: built-in defaults).
+    ``system_prompts`` (native interface only): per logged tool set, ``{"tools": [sorted names],
+    "content": the most common system message of its requests ("" when most had none), "requests"}``;
+    empty when no logged request of the domain has a system message.
     """
 
     source: str
@@ -56,10 +59,11 @@ class Grounding:
     templates: Mapping[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     max_parallel: int = 1
     no_call_replies: int = 0
+    system_prompts: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able view (observed values are summarized by count: they are evaluation data)."""
-        return {
+        out: dict[str, Any] = {
             "source": self.source,
             "domain": self.domain,
             "tools": list(self.tools),
@@ -73,6 +77,9 @@ class Grounding:
             "max_parallel": self.max_parallel,
             "no_call_replies": self.no_call_replies,
         }
+        if self.system_prompts:  # absent when none was logged: such groundings keep their earlier hash
+            out["system_prompts"] = [dict(p) for p in self.system_prompts]
+        return out
 
     @property
     def hash(self) -> str:
@@ -260,6 +267,33 @@ def _first_exchange(trajectory: Trajectory) -> tuple[str | None, list[Any] | Non
     return request, None
 
 
+def _system_text(trajectory: Trajectory) -> str:
+    """The logged request's system message (its first message, when that is one), verbatim; else ""."""
+    first = trajectory.messages[0] if trajectory.messages else None
+    return (first.content or "") if first is not None and first.role == "system" else ""
+
+
+def mine_system_prompts(trajectories: Sequence[Trajectory]) -> tuple[dict[str, Any], ...]:
+    """The most common system message per logged tool set (the names a request offered, else the names
+    it called), ties broken by text; empty when no request has a system message. A set whose requests
+    mostly had none maps to "" (the agent is prompted without one there)."""
+    counts: dict[tuple[str, ...], dict[str, int]] = {}
+    for trajectory in trajectories:
+        names = {spec.name for spec in trajectory.tools} or {
+            call.name for m in trajectory.messages for call in (m.tool_calls or [])}
+        if names:
+            bucket = counts.setdefault(tuple(sorted(names)), {})
+            text = _system_text(trajectory)
+            bucket[text] = bucket.get(text, 0) + 1
+    if not any(text for bucket in counts.values() for text in bucket):
+        return ()
+    mined = []
+    for key, bucket in sorted(counts.items()):
+        content = sorted(bucket.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+        mined.append({"tools": list(key), "content": content, "requests": sum(bucket.values())})
+    return tuple(mined)
+
+
 def build_grounding(
     trajectories: Sequence[Trajectory], *, seed_ids: Sequence[str] = (), exclude: Iterable[str] = (),
     interface: str | None = None, phrasing_from: Sequence[Trajectory] | None = None,
@@ -276,7 +310,8 @@ def build_grounding(
     ``CATALOG_DOMAINS``. Request templates are mined from the single-call requests of ``phrasing_from``
     (default: ``trajectories``) whose outcome is not a failure (a failed reply may have put a value in
     the wrong argument); ``max_parallel`` is the most calls one logged reply made, ``no_call_replies``
-    counts the replies (not failed) that called nothing.
+    counts the replies (not failed) that called nothing. Native groundings also carry the system
+    prompts of ``phrasing_from`` (``mine_system_prompts``): native tasks open with the agent's own.
     """
     from traceops.envs.phrasing import MAX_TEMPLATES, mine_template
 
@@ -411,6 +446,9 @@ def build_grounding(
         templates={k: tuple(v) for k, v in sorted(templates.items()) if v and k in names},
         max_parallel=max_parallel,
         no_call_replies=no_call,
+        # Catalog families prompt with their own instructions: only native tasks carry the logged prompt.
+        system_prompts=mine_system_prompts(phrasing_from if phrasing_from is not None else trajectories)
+        if interface == "native" else (),
     )
 
 

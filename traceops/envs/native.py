@@ -3,6 +3,8 @@
 A native task spec (``"interface": "native"``) carries ``tools`` (OpenAI function specs, the logged ones
 verbatim, in the order offered), ``gold`` = ``{"calls": [{"name", "arguments"}, ...]}`` (empty: the right
 answer is to call nothing) and ``instruction``, the user's request alone (no catalog, no schema text).
+Where the logs show the agent's system prompt for those tools, the spec carries it as ``system_prompt``
+(``system_prompt_for``): the task opens with it, as the agent's production requests do.
 The environment shows exactly those tools through ``tool_specs()``, so the chat template renders them
 as it renders the served model's tools. Task kinds: one call; selection among tools offered from the
 same logs; several calls in one reply (when the logs show replies that made several); no call.
@@ -171,6 +173,26 @@ def offered_tools(grounding: Grounding) -> list[dict[str, Any]]:
     return [t for t in grounding.tools if not t.get("schema_problem")]
 
 
+def system_prompt_for(grounding: Grounding, names: Sequence[str]) -> str:
+    """The logged system prompt of a task offering the tools ``names``: that of the logged tool set that
+    offered all of them (most requests first, then the smallest set), else of the set sharing the most of
+    them; "" when the logs show none for them (the task is then prompted without a system message)."""
+    offered = set(names)
+
+    def fit(entry: Mapping[str, Any]) -> tuple[bool, int, int, int]:
+        tools = set(entry["tools"])
+        return offered <= tools, len(offered & tools), int(entry["requests"]), -len(tools)
+
+    candidates = [e for e in grounding.system_prompts if offered & set(e["tools"])]
+    return str(max(candidates, key=fit)["content"]) if candidates else ""
+
+
+def _with_system(task: dict[str, Any], grounding: Grounding) -> dict[str, Any]:
+    """``task`` plus its logged ``system_prompt`` when there is one (specs of logs without keep their ids)."""
+    text = system_prompt_for(grounding, [s["function"]["name"] for s in task["tools"]])
+    return {**task, "system_prompt": text} if text else task
+
+
 def _one_call(rng: random.Random, values: ValueFactory, grounding: Grounding, tool: Mapping[str, Any],
               *, all_args: bool) -> tuple[dict[str, Any], str]:
     """A gold call to ``tool`` and its request: a mined template of the tool when one fits, else prose."""
@@ -210,8 +232,8 @@ def call_task(rng: random.Random, values: ValueFactory, grounding: Grounding, *,
         call, request = _one_call(rng, values, grounding, tool, all_args=all_args)
         gold.append(call)
         requests.append(request)
-    return {"interface": NATIVE, "tools": [function_spec(t) for t in menu], "gold": {"calls": gold},
-            "instruction": joined(requests)}
+    return _with_system({"interface": NATIVE, "tools": [function_spec(t) for t in menu],
+                         "gold": {"calls": gold}, "instruction": joined(requests)}, grounding)
 
 
 def no_call_task(rng: random.Random, grounding: Grounding, offered: int, request: str) -> dict[str, Any]:
@@ -221,5 +243,5 @@ def no_call_task(rng: random.Random, grounding: Grounding, offered: int, request
         raise NativeTaskError("no logged tool has a usable JSON schema (see the manifest's notes); fix the "
                               "tools' parameters in the logs")
     rng.shuffle(menu)
-    return {"interface": NATIVE, "tools": [function_spec(t) for t in menu[: max(1, offered)]],
-            "gold": {"calls": []}, "instruction": request}
+    return _with_system({"interface": NATIVE, "tools": [function_spec(t) for t in menu[: max(1, offered)]],
+                         "gold": {"calls": []}, "instruction": request}, grounding)

@@ -142,9 +142,13 @@ def is_multi_turn(env_set: EnvironmentSet) -> bool:
 def grpo_rows(env_set: EnvironmentSet, tokenizer: Any, multi_turn: bool) -> list[dict[str, Any]]:
     """GRPO prompt rows; ``task_json`` carries the task spec to the reward function or environment.
 
-    Single-turn rows hold the prompt already rendered with the tools (the reward replays the completion);
-    multi-turn rows hold a conversational prompt whose user turn TRL fills with ``reset``'s observation.
+    Single-turn rows hold the prompt already rendered with the task's tools by the serving path
+    (``render_prompt``: TRL reads no tools per row, see ``traceops.envs.export``), opened with the task's
+    own system prompt (the reward replays the completion); multi-turn rows hold a conversational prompt
+    whose user turn TRL fills with ``reset``'s observation.
     """
+    from traceops.model.toolcalls import render_prompt
+
     env = env_set.factory()
     rows = []
     for task in env_set.tasks("train"):
@@ -155,7 +159,6 @@ def grpo_rows(env_set: EnvironmentSet, tokenizer: Any, multi_turn: bool) -> list
             prompt: Any = [{"role": "system", "content": system_prompt(env)}, {"role": "user", "content": ""}]
         else:
             messages = first_messages(env, observation)
-            prompt = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                   add_generation_prompt=True)
+            prompt = render_prompt(tokenizer, messages, tools)
         rows.append({"prompt": prompt, "task_json": task_json})
     return rows
