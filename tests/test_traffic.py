@@ -198,6 +198,60 @@ def test_ingest_joins_feedback_and_reads_only_what_is_new(home: Path) -> None:
     assert (second.read, second.accepted, second.duplicates) == (5, 2, 3)
 
 
+@pytest.mark.parametrize("workers", [1, 0])  # 0: Trajectory items through ingest_items, not file batches
+def test_late_feedback_updates_the_stored_exchange_instead_of_adding_one(home: Path, workers: int) -> None:
+    from traceops.ingest import ingest_items
+    from traceops.store import CuratedStore
+
+    served = home / "data" / "raw" / "served"
+    settings = config.load(home)
+
+    def night(name: str):  # noqa: ANN202 - the ingest result
+        if workers:
+            return ingest_paths([home / "data" / "raw"], settings, run_id=name, workers=workers)
+        return ingest_items(iter_items([home / "data" / "raw"]), settings, run_id=name)
+
+    def stored() -> dict[str, tuple]:
+        return {t.task_id: (t.outcome.success, t.outcome.reward, t.id)
+                for t in load_trajectories(settings.paths)}
+
+    traffic = ServedTraffic(served)
+    for n in range(3):
+        traffic.record(*exchange(n), served_by=SERVED_BY)
+    first = night("night1")
+    assert (first.read, first.accepted, first.outcomes_updated) == (3, 3, 0)
+    before = stored()
+    assert {k: v[:2] for k, v in before.items()} == {f"chatcmpl-{n}": (None, None) for n in range(3)}
+
+    # Feedback for yesterday's exchange and a new exchange arrive; the file is read again tonight.
+    traffic.feedback("chatcmpl-1", success=True, reward=1.0)
+    traffic.record(*exchange(3), served_by=SERVED_BY)
+    second = night("night2")
+    assert (second.read, second.accepted, second.duplicates, second.quarantined) == (4, 2, 2, 0)
+    assert second.outcomes_updated == 1 and second.summary()["outcomes_updated"] == 1
+    after = stored()
+    assert CuratedStore(settings.paths).count() == 4 and len(after) == 4  # one trajectory per exchange
+    assert after["chatcmpl-1"][:2] == (True, 1.0) and after["chatcmpl-1"][2] != before["chatcmpl-1"][2]
+    assert after["chatcmpl-0"] == before["chatcmpl-0"] and after["chatcmpl-3"][:2] == (None, None)
+    messages = {t.task_id: t.messages for t in load_trajectories(settings.paths)}
+    assert messages["chatcmpl-1"][-1].tool_calls[0].arguments == {"email": "user1@example.com"}
+
+    # The same again is all duplicates; a changed verdict (the last word wins) updates once more.
+    again = night("night3")
+    assert (again.read, again.accepted, again.duplicates, again.outcomes_updated) == (4, 0, 4, 0)
+    traffic.feedback("chatcmpl-1", success=False, reward=0.0)
+    third = night("night4")
+    assert (third.accepted, third.duplicates, third.outcomes_updated) == (1, 3, 1)
+    assert stored()["chatcmpl-1"][:2] == (False, 0.0) and CuratedStore(settings.paths).count() == 4
+
+    # Another file holding the same response id is a different record: it is added, nothing replaced.
+    copy = served / "copied.jsonl"
+    copy.write_text(day_file(served, datetime.now(UTC)).read_text().splitlines()[0] + "\n")
+    (served / "copied.outcomes.jsonl").write_text(json.dumps({"id": "chatcmpl-0", "success": True}) + "\n")
+    fourth = night("night5")
+    assert (fourth.accepted, fourth.outcomes_updated) == (1, 0) and CuratedStore(settings.paths).count() == 5
+
+
 def test_feedback_endpoint_on_a_real_app(tmp_path: Path) -> None:
     traffic = ServedTraffic(tmp_path)
     traffic.record(*exchange(0), served_by=SERVED_BY)

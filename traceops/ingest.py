@@ -8,6 +8,13 @@ batch may run over the limits by a quarter, so that a small remainder of the inp
 validation of its own). Every item read is accounted for: ``read == accepted + duplicates +
 quarantined`` is asserted on every run.
 
+Late outcomes: a trajectory's id hashes its outcome, so a record stored yesterday and read again with an
+outcome that arrived since (feedback appended to a served log's ``.outcomes.jsonl``) hashes anew. When a
+new trajectory has the ``source_file``, ``source_record`` and ``task_id`` of a stored one and differs from
+it only in the outcome (the stored id is the new trajectory's hash with the stored outcome), it replaces
+the stored row instead of adding a second copy: it is accepted (validated and stored under its new id),
+the old row is left out at commit, and ``outcomes_updated`` counts it.
+
 ``ingest_paths`` reads files in ``ingest.workers`` processes (default min(2, CPUs)); workers ship
 one ``FileBatch`` per file (its trajectories as Arrow tables), consumed in file order and item by
 item for dedupe and batch boundaries, so the outcome does not depend on the worker count.
@@ -19,9 +26,10 @@ The data version is not set here: the caller versions ``data/curated`` with
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +41,10 @@ from traceops.config import Settings
 from traceops.errors import StageError
 from traceops.formats.base import ReadItem, Rejected
 from traceops.formats.common import OUTCOME_EXTRA
+from traceops.formats.common import trajectory_id as content_id
 from traceops.formats.parallel import FileBatch
 from traceops.quarantine import QuarantineWriter
-from traceops.schema import Trajectory
+from traceops.schema import Outcome, Trajectory
 from traceops.store import (
     AppendSession,
     Batch,
@@ -67,6 +76,7 @@ class IngestResult:
     accepted: int = 0
     duplicates: int = 0
     quarantined: int = 0
+    outcomes_updated: int = 0
     quarantine_file: Path | None = None
     validation_file: Path | None = None
     validation: dict[str, Any] = field(default_factory=dict)
@@ -79,6 +89,7 @@ class IngestResult:
         """Counts and paths as a JSON-ready dict (without the GX results or the id list)."""
         return {"run_id": self.run_id, "read": self.read, "accepted": self.accepted,
                 "duplicates": self.duplicates, "quarantined": self.quarantined,
+                "outcomes_updated": self.outcomes_updated,
                 "quarantine_file": str(self.quarantine_file) if self.quarantine_file else None,
                 "validation_file": str(self.validation_file) if self.validation_file else None,
                 "validation_success": self.validation.get("success"), "reasons": dict(self.reasons),
@@ -101,6 +112,44 @@ class _Run:
         self.n_steps = 0
         self.batch_ids: set[str] = set()
         self.result = IngestResult(run_id=run_id)
+        # Late outcomes (module docstring): new id -> the stored id it replaces once it is stored.
+        self.updates: dict[str, str] = {}
+        self._stored_files: set[str] | None = None
+        self._records: tuple[str, dict[str, dict[str, Any]]] | None = None  # one file's stored rows
+
+    def stored_files(self) -> set[str]:
+        """The source files of the stored trajectories (read once per run)."""
+        if self._stored_files is None:
+            self._stored_files = self.session.store.source_files()
+        return self._stored_files
+
+    def late_outcome(self, file: str, record: str, task_id: str, new_id: str,
+                     build: Callable[[], Trajectory]) -> None:
+        """Note ``new_id`` as replacing a stored trajectory when it is that record with a new outcome."""
+        if file not in self.stored_files():
+            return
+        if self._records is None or self._records[0] != file:  # a file's items arrive together
+            self._records = (file, self.session.store.records_of(file))
+        stored = self._records[1].get(record)
+        if stored is None or stored["task_id"] != task_id or stored["id"] == new_id:
+            return
+        try:
+            trajectory = build()
+            old = Outcome(success=stored["outcome_success"], reward=stored["outcome_reward"],
+                          reward_breakdown=json.loads(stored["reward_breakdown"] or "{}"))
+        except ValueError:  # not a valid trajectory: validation quarantines it, nothing is replaced
+            return
+        if content_id(trajectory.model_copy(update={"outcome": old})) == stored["id"]:
+            self.updates[new_id] = stored["id"]
+
+    def _late_outcomes_in(self, item: FileBatch) -> list[tuple[str, str, str]] | None:
+        """Each row's (source_file, source_record, task_id) when the file was read before, else None."""
+        table = item.batch.trajectories
+        if not table.num_rows or not self.stored_files().intersection(
+                pc.unique(table.column("source_file")).to_pylist()):
+            return None
+        columns = ("source_file", "source_record", "task_id")
+        return list(zip(*(table.column(name).to_pylist() for name in columns), strict=True))
 
     def reject(self, item: Rejected) -> None:
         self.quarantine.write_rejected(item)
@@ -146,7 +195,8 @@ class _Run:
         (on the stream's last file, not when the file's remainder fits: see ``tail_fits``)."""
         n_steps = item.batch.n_steps.to_numpy(zero_copy_only=False).tolist()
         steps_left = sum(n_steps) if item.last else 0
-        row = 0
+        keys = self._late_outcomes_in(item)
+        row = start = 0
         for entry in item.order:
             self.result.read += 1
             if entry is not None:
@@ -156,12 +206,16 @@ class _Run:
             if self.seen(trajectory_id):
                 self.result.duplicates += 1
             else:
+                if keys is not None:
+                    self.late_outcome(*keys[row], trajectory_id,
+                                      partial(_row_trajectory, item.batch, row, start, n_steps[row]))
                 self.add_row(item.batch, row, n_steps[row], trajectory_id)
                 if self.full(size, max_steps) and not (
                         item.last and self.tail_fits(len(n_steps) - row - 1, steps_left - n_steps[row],
                                                      size, max_steps)):
                     self.flush()
             steps_left -= n_steps[row] if item.last else 0
+            start += n_steps[row]
             row += 1
 
     def flush(self) -> None:
@@ -186,6 +240,14 @@ class _Run:
             trajectories = trajectories.filter(pa.array(keep))
             steps = steps.filter(pa.array(np.repeat(keep, n_steps)))
         self.result.accepted += self.session.append(trajectories, steps)
+        if self.updates:
+            for new_id in trajectories.column("id").to_pylist():
+                stored_id = self.updates.pop(new_id, None)
+                if stored_id is not None:
+                    self.session.drop(stored_id)
+                    self.result.outcomes_updated += 1
+            for new_id in self.batch_ids:  # quarantined: the stored row stays
+                self.updates.pop(new_id, None)
         self._count_warnings(trajectories)
         # Ids quarantined in this batch stay "seen": a later copy in this run is a duplicate, not news.
         self.session.known.update(self.batch_ids)
@@ -211,6 +273,12 @@ class _Run:
                                   raw=json.dumps(record, ensure_ascii=False, default=str), stage="validate",
                                   kind=f"validate: {failure.check}")
             self.result.quarantined += 1
+
+
+def _row_trajectory(batch: Batch, row: int, start: int, n_steps: int) -> Trajectory:
+    """Trajectory ``row`` of a batch (its messages start at step row ``start``)."""
+    values = batch.trajectories.slice(row, 1).to_pylist()[0]
+    return Trajectory.model_validate(trajectory_data(values, batch.steps.slice(start, n_steps).to_pylist()))
 
 
 def ingest_items(items: Iterable[ReadItem | FlatTrajectory | FileBatch], settings: Settings, run_id: str,
@@ -247,6 +315,9 @@ def ingest_items(items: Iterable[ReadItem | FlatTrajectory | FileBatch], setting
             if run.seen(item.id):
                 result.duplicates += 1
                 continue
+            if isinstance(item, Trajectory):
+                run.late_outcome(item.source.file, str(item.source.record), item.task_id, item.id,
+                                 lambda item=item: item)
             run.add(item if isinstance(item, FlatTrajectory) else flatten(item))
             if run.full(size, max_steps):
                 run.flush()

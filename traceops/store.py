@@ -8,7 +8,9 @@ Appends deduplicate by trajectory id (the content hash): ids already stored and 
 run are duplicates. An append session streams the old rows and the new batches into temporary files
 in the same folder and swaps them in with ``os.replace`` on commit, steps first, trajectories last;
 a trajectory row is therefore never visible without its steps. When a session adds nothing, no file
-is touched, so re-ingesting the same inputs leaves the store byte-identical.
+is touched, so re-ingesting the same inputs leaves the store byte-identical. A session may also ``drop``
+stored rows its new rows supersede (an outcome that arrived after its record was stored: ``ingest``);
+they are left out at commit.
 """
 
 from __future__ import annotations
@@ -322,6 +324,22 @@ class CuratedStore:
             return 0
         return pq.ParquetFile(self.trajectories_path).metadata.num_rows
 
+    def source_files(self) -> set[str]:
+        """Every ``source_file`` the stored trajectories were read from."""
+        if not self.trajectories_path.exists():
+            return set()
+        column = pq.read_table(self.trajectories_path, columns=["source_file"]).column("source_file")
+        return set(pc.unique(column).to_pylist()) - {None}
+
+    def records_of(self, file: str) -> dict[str, dict[str, Any]]:
+        """The stored rows read from ``file``, by ``source_record``: their id, task_id and outcome columns."""
+        if not self.trajectories_path.exists():
+            return {}
+        table = pq.read_table(self.trajectories_path, filters=[("source_file", "==", file)],
+                              columns=["id", "task_id", "source_record", "outcome_success", "outcome_reward",
+                                       "reward_breakdown"])
+        return {row["source_record"]: row for row in table.to_pylist()}
+
     def open_append(self, ingested_at: datetime | None = None) -> AppendSession:
         """Start an append session; commit it to make its rows visible."""
         return AppendSession(self, ingested_at or datetime.now(UTC))
@@ -335,6 +353,7 @@ class AppendSession:
         self.ingested_at = ingested_at
         self.known: set[str] = store.ids()
         self.new_ids: list[str] = []
+        self.dropped: set[str] = set()  # stored ids superseded by rows of this session
         self._writers: dict[str, tuple[pq.ParquetWriter, Path]] = {}
         # One background write at a time: Parquet encoding releases the GIL, so it overlaps with
         # the validation of the next batch while memory holds at most one batch being written.
@@ -391,6 +410,11 @@ class AppendSession:
         self.new_ids.extend(ids)
         return len(ids)
 
+    def drop(self, trajectory_id: str) -> None:
+        """Leave the stored trajectory ``trajectory_id`` out at commit: a row appended in this session
+        supersedes it. It stays known, so a copy of the old version read later in the run is a duplicate."""
+        self.dropped.add(trajectory_id)
+
     def _write(self, steps: pa.Table, trajectories: pa.Table) -> None:
         self._writers["steps"][0].write_table(steps)
         self._writers["trajectories"][0].write_table(trajectories)
@@ -414,10 +438,28 @@ class AppendSession:
         self._stop()
         for writer, _ in self._writers.values():
             writer.close()
+        if self.dropped:
+            self._leave_out_dropped()
         os.replace(self._writers["steps"][1], self.store.steps_path)
         os.replace(self._writers["trajectories"][1], self.store.trajectories_path)
         self._writers = {}
         return list(self.new_ids)
+
+    def _leave_out_dropped(self) -> None:
+        """Rewrite the closed temp tables without the dropped ids (copied in before they were dropped)."""
+        dropped = pa.array(sorted(self.dropped), type=pa.string())
+        store = self.store
+        for key, path, schema, id_col in (("trajectories", store.trajectories_path, TRAJECTORY_SCHEMA, "id"),
+                                          ("steps", store.steps_path, STEP_SCHEMA, "trajectory_id")):
+            writer, tmp = self._writers[key]
+            kept = temp_sibling(path)
+            with pq.ParquetWriter(kept, schema, compression="zstd") as out:
+                for batch in pq.ParquetFile(tmp).iter_batches(batch_size=65536):
+                    table = pa.Table.from_batches([batch])
+                    superseded = pc.is_in(table.column(id_col), value_set=dropped)
+                    out.write_table(table.filter(pc.invert(superseded)))
+            discard(tmp)
+            self._writers[key] = (writer, kept)
 
     def abort(self) -> None:
         """Drop the temp files; the store is left as it was."""
