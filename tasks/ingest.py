@@ -36,6 +36,7 @@ def ingest_task(paths: list[str], fmt: str = "auto", outcomes: str | None = None
         data_version = versioning.commit_data(settings.paths.home, CURATED)
         mlflow.log_metrics({"read": result.read, "accepted": result.accepted,
                             "duplicates": result.duplicates, "quarantined": result.quarantined,
+                            "outcomes_updated": result.outcomes_updated,
                             "warnings": sum(result.warnings.values())})
         mlflow.log_param("data_version", data_version)
         mlflow.set_tag(TAG_DATA_VERSION, data_version)
@@ -46,6 +47,7 @@ def ingest_task(paths: list[str], fmt: str = "auto", outcomes: str | None = None
         if result.quarantine_file is not None and result.quarantine_file.exists():
             mlflow.log_artifact(str(result.quarantine_file), "quarantine")
     return IngestResult(read=result.read, accepted=result.accepted, duplicates=result.duplicates,
-                        quarantined=result.quarantined, data_version=data_version,
+                        quarantined=result.quarantined, outcomes_updated=result.outcomes_updated,
+                        data_version=data_version,
                         quarantine_reasons=result.reasons, warnings=result.warnings,
                         mlflow_run=run.info.run_id)

@@ -31,6 +31,8 @@ class IngestResult(_Result):
     accepted: int
     duplicates: int
     quarantined: int
+    # Of the accepted: stored records replaced because their outcome arrived late (traceops.ingest).
+    outcomes_updated: int = 0
     data_version: str
     quarantine_reasons: dict[str, int]
     # Accepted records with a warning (an auxiliary field kept in metadata), by warning.
