@@ -4,9 +4,11 @@ registry: a temp home with a registered adapter and a champion composite on the 
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -199,7 +201,10 @@ def test_loaded_models_are_capped_least_recently_used_idle_first(registered: Pat
         assert loaded() == {registry.COMPOSITE_MODEL: True, ADAPTER: False, base_id: True}
         assert adapter_served is not None and adapter_served.batcher.closed
         assert adapter_served.batcher.model is None
+        weights = weakref.ref(adapter_served.model)
         del adapter_served
+        gc.collect()
+        assert weights() is None, "the unloaded model is still referenced: its memory was not freed"
         # The unloaded model is still served: it loads again, and the base (now least recent) goes.
         again = _ask(url, ADAPTER)
         assert again.status_code == 200 and again.json()["system_fingerprint"].startswith(f"{ADAPTER}/1:")
