@@ -406,9 +406,10 @@ def test_grounding_mines_the_most_common_system_prompt_per_tool_set(logs, prompt
     assert system_prompt_for(sets, ["f"]) == "" and system_prompt_for(sets, ["zz"]) == ""
 
 
-def test_native_tasks_open_with_the_logged_system_prompt(prompted_tasks, tasks):
+def test_native_tasks_open_with_the_logged_system_prompt(prompted_tasks, tasks, prompted_logs, tmp_path):
     from traceops.agent import run_episodes
     from traceops.envs.export import demonstrations
+    from traceops.envs.synthesize import SynthesisParams, synthesize
 
     assert all("system_prompt" not in t for family_tasks in tasks.values() for t in family_tasks)
     for name, family_tasks in prompted_tasks.items():
@@ -427,6 +428,11 @@ def test_native_tasks_open_with_the_logged_system_prompt(prompted_tasks, tasks):
                                 max_turns=3, batch_size=4)
     assert [t.outcome.reward for t in trajectories] == [1.0] * 4
     assert all(t.messages[0] == Message(role="system", content=AGENT_PROMPT) for t in trajectories)
+    synthesize(["tool_selection"], prompted_logs, tmp_path, SynthesisParams(train_size=6, val_size=2,
+                                                                            test_size=2))
+    lines = (tmp_path / "tool_selection" / "train.jsonl").read_text().splitlines()
+    written = [json.loads(line) for line in lines]
+    assert len(written) == 6 and all(t["system_prompt"] == AGENT_PROMPT for t in written)
 
 
 def test_catalog_export_is_unchanged_and_native_export_needs_the_tokenizer(logs, prompted_tasks):
