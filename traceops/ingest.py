@@ -142,14 +142,11 @@ class _Run:
         if content_id(trajectory.model_copy(update={"outcome": old})) == stored["id"]:
             self.updates[new_id] = stored["id"]
 
-    def _late_outcomes_in(self, item: FileBatch) -> list[tuple[str, str, str]] | None:
-        """Each row's (source_file, source_record, task_id) when the file was read before, else None."""
+    def read_before(self, item: FileBatch) -> bool:
+        """Whether trajectories of this file are stored already (so a new one may be a late outcome)."""
         table = item.batch.trajectories
-        if not table.num_rows or not self.stored_files().intersection(
-                pc.unique(table.column("source_file")).to_pylist()):
-            return None
-        columns = ("source_file", "source_record", "task_id")
-        return list(zip(*(table.column(name).to_pylist() for name in columns), strict=True))
+        return bool(table.num_rows) and not self.stored_files().isdisjoint(
+            pc.unique(table.column("source_file")).to_pylist())
 
     def reject(self, item: Rejected) -> None:
         self.quarantine.write_rejected(item)
@@ -195,7 +192,8 @@ class _Run:
         (on the stream's last file, not when the file's remainder fits: see ``tail_fits``)."""
         n_steps = item.batch.n_steps.to_numpy(zero_copy_only=False).tolist()
         steps_left = sum(n_steps) if item.last else 0
-        keys = self._late_outcomes_in(item)
+        read_before = self.read_before(item)
+        keys: list[tuple[str, str, str]] = []  # each row's (source_file, source_record, task_id), on demand
         row = start = 0
         for entry in item.order:
             self.result.read += 1
@@ -206,7 +204,10 @@ class _Run:
             if self.seen(trajectory_id):
                 self.result.duplicates += 1
             else:
-                if keys is not None:
+                if read_before:
+                    keys = keys or list(zip(*(item.batch.trajectories.column(name).to_pylist()
+                                              for name in ("source_file", "source_record", "task_id")),
+                                            strict=True))
                     self.late_outcome(*keys[row], trajectory_id,
                                       partial(_row_trajectory, item.batch, row, start, n_steps[row]))
                 self.add_row(item.batch, row, n_steps[row], trajectory_id)
