@@ -67,9 +67,13 @@ def prompted_tasks(prompted_logs) -> dict[str, list[dict[str, Any]]]:
 
 
 def opening(task: dict[str, Any]) -> list[dict[str, str]]:
-    """What a production request of this task would send: the logged system prompt (if any), the request."""
+    """What a trained model is prompted with for a production request of this task: the logged system
+    prompt (if any) and the request, as ``TrainedChatModel`` renders them (the default system prompt in
+    front of a request without one)."""
+    from traceops.model.adapted import training_conversation
+
     system = [{"role": "system", "content": task["system_prompt"]}] if "system_prompt" in task else []
-    return [*system, {"role": "user", "content": task["instruction"]}]
+    return training_conversation([*system, {"role": "user", "content": task["instruction"]}])
 
 
 def logged_specs(logs: list[Trajectory]) -> dict[str, dict[str, Any]]:
@@ -309,7 +313,8 @@ def test_tiny_sft_step_consumes_native_demos(tmp_path, tasks, tiny_model_dir):
     rows = sft_rows(env_set)
     refusal = load_environment_set(_write_folder(tmp_path / "irr", "irrelevance_refusal", chosen[2:]))
     rows += sft_rows(refusal)
-    assert [m["role"] for m in rows[-1]["messages"]] == ["user", "assistant"]  # the right reply calls nothing
+    # the right reply calls nothing
+    assert [m["role"] for m in rows[-1]["messages"]] == ["system", "user", "assistant"]
     tokenizer = load_tokenizer(str(tiny_model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
     budget = replace(BUDGETS["tiny"], sft_steps=1, sft_batch_size=2, save_steps=100)

@@ -44,9 +44,13 @@ def dataset_rows(tasks: Sequence[dict[str, Any]], system_prompt: str) -> list[di
 
 def opening(env: Environment, observation: str) -> list[dict[str, str]]:
     """The messages an episode starts with, read after ``reset``: the environment's system prompt (a
-    native task's own, the logged one) when it has one, then the user's request."""
-    system = [{"role": "system", "content": env.system_prompt}] if env.system_prompt else []
-    return [*system, {"role": "user", "content": observation}]
+    native task's own, the logged one) or, without one, ``DEFAULT_SYSTEM_PROMPT``, then the user's
+    request. A trained model is served through ``TrainedChatModel``, which puts that default in front of a
+    conversation without a system message; training on the same line keeps the two prompts equal."""
+    from traceops.model.chat_template import DEFAULT_SYSTEM_PROMPT
+
+    return [{"role": "system", "content": env.system_prompt or DEFAULT_SYSTEM_PROMPT},
+            {"role": "user", "content": observation}]
 
 
 def to_dataset(tasks: Sequence[dict[str, Any]], family: Family, tokenizer: Any = None) -> Any:

@@ -76,13 +76,11 @@ def system_prompt(env: Environment) -> str:
 
 
 def first_messages(env: Environment, observation: str) -> list[dict[str, str]]:
-    """The system (``system_prompt``) and user messages an episode starts with. A task that brings its
-    own tools and no system prompt (a domain's logged tools, offered natively) starts with the user's
-    request alone, as the agent loop and the served model see it."""
-    user = {"role": "user", "content": observation}
-    if env.tools_vary() and not env.system_prompt:
-        return [user]
-    return [{"role": "system", "content": system_prompt(env)}, user]
+    """The system and user messages an episode starts with (``envs.export.opening``: the environment's
+    system prompt, else ``DEFAULT_SYSTEM_PROMPT``, as ``TrainedChatModel`` serves a conversation)."""
+    from traceops.envs.export import opening
+
+    return opening(env, observation)
 
 
 def turn_text(turn: AssistantTurn) -> str:
