@@ -102,12 +102,13 @@ def test_a_shared_start_runs_only_the_new_tokens(composite: TrainedChatModel) ->
     fed = _Fed(composite.model)
     try:
         decider.gates([first])
-        assert fed.tokens == len(first)  # nothing stored yet: the whole prompt
-        # A single row's stored prefix is its prompt but the last token (the gate pass runs that one).
-        shared = len(os.path.commonprefix([first[:-1], second[:-1]]))
-        assert 32 <= shared < len(first) - 1 and shared < len(second) - 1
+        assert fed.tokens == len(first)  # nothing stored yet: the whole prompt, once
+        shared = len(os.path.commonprefix([first, second]))
+        assert 32 <= shared < min(len(first), len(second))
         fed.tokens = 0
         decider.gates([second])
+        assert fed.tokens == len(second) - shared
+        decider.gates([second[:shared + 3]])  # a start of the stored pass: read from it, nothing runs
         assert fed.tokens == len(second) - shared
         foreign = [t for t in reversed(second) if t != second[0]]
         fed.tokens = 0

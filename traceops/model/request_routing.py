@@ -10,8 +10,9 @@ decision then runs only each row's own tokens behind the prefix and pools
 
 Requests served one at a time share the system + tools start but differ after it, so the stored prefix
 (one prompt) is rarely a start of the next. The sums are kept per position (cumulative), so the stored
-pass is cut back to the start both share: keys/values sliced to ``c`` positions and the sums read at
-``c - 1``; only the rest of the new prompt runs.
+pass is cut back to the start both share: its cache cropped to ``c`` positions in place (one stored
+prefix, no copy) and the sums read at ``c - 1``; only the rest of the new prompt runs. A single row needs
+no second pass at all: its decision is the stored pass over the whole row.
 """
 
 from __future__ import annotations
@@ -29,24 +30,21 @@ if TYPE_CHECKING:
 
 @dataclass
 class _DecisionPrefix:
-    """A prefix's base-only keys/values (batch 1) and, per block, its router logits summed over positions
-    ``0..t`` for every ``t`` (``cumsums``, ``[T, E']`` float32)."""
+    """A prefix's base-only pass at batch 1: its cache (growing layers holding exactly ``tokens``) and, per
+    block, its router logits summed over positions ``0..t`` for every ``t`` (``[T, E']`` float32)."""
 
     state: tuple[Any, ...]
     tokens: list[int]
-    layers: list[tuple[Any, Any]]
+    cache: Any
     cumsums: list[Any]
 
-    @property
-    def sums(self) -> list[Any]:
-        """Each block's router-logit sum ``[1, E']`` over the whole prefix."""
-        return [cumsum[-1:] for cumsum in self.cumsums]
+    def layers(self, length: int) -> list[tuple[Any, Any]]:
+        """Keys and values of the first ``length`` tokens per layer (views, no copy)."""
+        return [(layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in self.cache.layers]
 
-    def start(self, length: int) -> _DecisionPrefix:
-        """The prefix cut to its first ``length`` tokens (views, no copy; ``0 < length <= len(tokens)``)."""
-        return _DecisionPrefix(state=self.state, tokens=self.tokens[:length],
-                               layers=[(k[:, :, :length], v[:, :, :length]) for k, v in self.layers],
-                               cumsums=[cumsum[:length] for cumsum in self.cumsums])
+    def sums(self, length: int) -> list[Any]:
+        """Each block's router-logit sum ``[1, E']`` over the first ``length`` tokens (``0 < length``)."""
+        return [cumsum[length - 1:length] for cumsum in self.cumsums]
 
 
 class RequestDecider:
@@ -65,6 +63,9 @@ class RequestDecider:
         from traceops.model.kv_cache import prefix_layout, shared_length
 
         chat, device = self.chat, self.moe.device
+        if len(rows) == 1:  # no padding: the prefix pass over the whole row is the prefill's decision pass
+            length = len(rows[0])
+            return self.moe.pooled_gates([total / length for total in self._prefix(rows[0]).sums(length)])
         shared = shared_length(rows)
         input_ids, mask = prefix_layout(rows, shared, chat.tokenizer.pad_token_id)
         input_ids, mask = input_ids.to(device), mask.to(device)
@@ -72,38 +73,41 @@ class RequestDecider:
             return self.moe.request_gates(input_ids, mask)
         prefix = self._prefix(rows[0][:shared])
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        cache = chat._growing_cache(prefix.layers, batch=len(rows), capacity=input_ids.shape[1])
+        cache = chat._growing_cache(prefix.layers(shared), batch=len(rows), capacity=input_ids.shape[1])
         own = mask[:, shared:]
         with torch.inference_mode(), self.moe.deciding() as logits:
             chat.model(input_ids=input_ids[:, shared:], attention_mask=mask,
                        position_ids=positions[:, shared:], cache=cache, use_cache=True, **chat._no_logits())
         count = own.sum(dim=1, keepdim=True).float() + shared
         weights = own.unsqueeze(-1).float()
-        pooled = [((logits[block].float() * weights).sum(dim=1) + prefix.sums[i]) / count
-                  for i, block in enumerate(sorted(logits))]
+        pooled = [((logits[block].float() * weights).sum(dim=1) + prefix_sum) / count
+                  for block, prefix_sum in zip(sorted(logits), prefix.sums(shared), strict=True)]
         return self.moe.pooled_gates(pooled)
 
     def _prefix(self, tokens: list[int]) -> _DecisionPrefix:
-        """The decision pass over ``tokens`` at batch 1, resuming the stored prefix from the start both
-        share (none shared: from scratch). Only one prefix is stored: the longest pass just made."""
+        """The stored decision pass, made to start with ``tokens`` (``prefix.layers(len(tokens))``): kept
+        when it does already, else cut back to the start both share and extended over the rest of
+        ``tokens`` in place (none shared: from scratch). One prefix is stored, the last pass made."""
         import torch
 
         state = self.chat._weights_state()
         stored = self._stored if self._stored is not None and self._stored.state == state else None
         shared = len(os.path.commonprefix([stored.tokens, tokens])) if stored is not None else 0
         if stored is not None and shared == len(tokens):
-            # A start of the stored tokens (or all of them): no pass; keep the longer one stored.
-            return stored if shared == len(stored.tokens) else stored.start(shared)
-        resumed = stored.start(shared) if stored is not None and shared else None
-        cache = self.chat._growing_cache(resumed.layers if resumed is not None else None, batch=1,
-                                         capacity=len(tokens))
+            return stored
+        self._stored = None  # its cache changes in place below: stale until the new pass is complete
+        if stored is not None and shared:
+            cache = stored.cache
+            for layer in cache.layers:
+                layer.crop(shared - len(stored.tokens))
+            kept = [cumsum[:shared] for cumsum in stored.cumsums]
+        else:
+            cache, kept = self.chat._growing_cache(None, batch=1, capacity=len(tokens)), None
         ids = torch.tensor([tokens[shared:]], dtype=torch.long, device=self.moe.device)
         with torch.inference_mode(), self.moe.deciding() as logits:
             self.chat.model(input_ids=ids, cache=cache, use_cache=True, **self.chat._no_logits())
         cumsums = [logits[block][0].float().cumsum(dim=0) for block in sorted(logits)]
-        if resumed is not None:
-            cumsums = [torch.cat([old, old[-1:] + new])
-                       for old, new in zip(resumed.cumsums, cumsums, strict=True)]
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
-        self._stored = _DecisionPrefix(state=state, tokens=list(tokens), layers=layers, cumsums=cumsums)
+        if kept is not None:
+            cumsums = [torch.cat([old, old[-1:] + new]) for old, new in zip(kept, cumsums, strict=True)]
+        self._stored = _DecisionPrefix(state=state, tokens=list(tokens), cache=cache, cumsums=cumsums)
         return self._stored
