@@ -72,6 +72,8 @@ def main() -> None:
     parser.add_argument("--outcomes", type=Path, default=None,
                         help="outcomes side file for the logs (traceops run --outcomes)")
     parser.add_argument("--budget", default=None, help="override params.yaml train.budget (e.g. tiny)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temporary home (its report, registry and logs) and print its path")
     args = parser.parse_args()
 
     from traceops.model.embedded import embedded_model_dir
@@ -89,7 +91,10 @@ def main() -> None:
         second_wall, second = run_night(home, args.logs.resolve(), outcomes)
         work = work_seconds(home, first["mlflow_run"])
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        if args.keep:
+            print(f"home kept: {home}", file=sys.stderr)
+        else:
+            shutil.rmtree(home, ignore_errors=True)
     total_work = sum(work.values())
     overhead = 1.0 - total_work / first_wall
     steps = reference.steps
