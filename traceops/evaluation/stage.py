@@ -10,7 +10,6 @@ against the champion (regression), or against nothing on the first night.
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -24,6 +23,7 @@ from traceops.evaluation.requests import RequestSet, compare_requests, evaluate_
 from traceops.evaluation.runner import evaluate_model
 from traceops.graders import Grader
 from traceops.heldout import RequestParams
+from traceops.memory import release_memory
 from traceops.model.base import ChatModel, GenerationConfig
 from traceops.registry import CHAMPION  # the champion role is the version holding that alias
 
@@ -258,7 +258,7 @@ def evaluate_roles(
             reports[spec.role] = replace(reports[spec.role], requests=evaluate_requests(
                 model, requests, graders or {}, params.generation(), params.batch_size, specs_by_domain))
         del model
-        gc.collect()  # free one model's weights before loading the next (memory, not speed)
+        release_memory()  # free one model's weights before loading the next (memory, not speed)
         seconds[spec.role] = round(time.perf_counter() - started, 2)
         done.append(spec)
         if progress is not None:

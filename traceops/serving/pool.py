@@ -22,7 +22,6 @@ and then lets its weights go. ``start_polling`` runs ``reload`` every ``poll_sec
 
 from __future__ import annotations
 
-import gc
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from typing import Any
 from traceops import registry
 from traceops.config import Paths
 from traceops.errors import TraceopsError
+from traceops.memory import release_memory
 from traceops.model.base import ChatModel
 from traceops.registry import ModelRef
 from traceops.served import ServeTarget, load_target, registered_target
@@ -126,12 +126,6 @@ def _current(follow: str) -> ModelRef | None:
     return registry.latest_version(follow)
 
 
-def _free_memory() -> None:
-    """Collect the unloaded model's tensors now and hand cached accelerator memory back."""
-    gc.collect()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def _aliases(ref: ModelRef) -> tuple[str, ...]:
@@ -313,7 +307,7 @@ class ModelPool:
         sys.stderr.write(f"traceops serve: unloaded {entry.id} ({served.fingerprint}) to stay within "
                          f"serve.max_loaded_models={self.params.max_loaded_models}\n")
         del served
-        _free_memory()
+        release_memory()
         return True
 
     def _resolve(self, ref: ModelRef | None) -> ServeTarget:

@@ -18,6 +18,7 @@ from typing import Any
 
 from traceops.errors import ConfigError, ModelError
 from traceops.hashing import content_hash
+from traceops.memory import release_memory
 from traceops.model.chat_template import load_tokenizer
 from traceops.model.hub_kernels import kernel_kwargs
 from traceops.train import checkpoint as ckpt
@@ -284,6 +285,8 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
     timings["eval_after"] = time.perf_counter() - tick
     timings["total"] = time.perf_counter() - started
     dropped, groups = group_counts(logs["grpo"])
+    del model, peft_model
+    release_memory()  # the next adapter's memory check must see what this one freed
     (out / "result_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return TrainResult(
         capability=capability, adapter_path=str(final_dir), sft_losses=loss_curve(logs["sft"]),

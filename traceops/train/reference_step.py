@@ -37,14 +37,23 @@ def time_reference_step(model_dir: str | Path, repeats: int = 3, seed: int = 0) 
     """Time the reference step of the causal LM in ``model_dir`` (the embedded model for the benchmarks):
     a fresh LoRA (``AdapterSettings()``: r=16, all seven projections) on random token ids of the model's
     vocabulary at batch 4 x 256, ``repeats`` timed steps after a warm-up; returns their median."""
+    from traceops.memory import release_memory
+
+    if repeats < 1:
+        raise ConfigError(f"the reference step needs at least 1 timed repeat, got {repeats}")
+    samples = _timed_steps(model_dir, repeats, seed)
+    release_memory()  # a night times this before training: the freed model must not look in use
+    return ReferenceStep(seconds=statistics.median(samples), samples=samples)
+
+
+def _timed_steps(model_dir: str | Path, repeats: int, seed: int) -> tuple[float, ...]:
+    """Seconds of ``repeats`` reference steps after an untimed warm-up."""
     import torch
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
     from traceops.model.hub_kernels import kernel_kwargs
 
-    if repeats < 1:
-        raise ConfigError(f"the reference step needs at least 1 timed repeat, got {repeats}")
     torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **kernel_kwargs())
     model = get_peft_model(base, AdapterSettings().lora_config())
@@ -62,5 +71,4 @@ def time_reference_step(model_dir: str | Path, repeats: int = 3, seed: int = 0) 
         return time.perf_counter() - started
 
     step()  # warm-up: allocator, kernels and optimizer state
-    samples = tuple(step() for _ in range(repeats))
-    return ReferenceStep(seconds=statistics.median(samples), samples=samples)
+    return tuple(step() for _ in range(repeats))

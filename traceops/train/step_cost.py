@@ -72,6 +72,7 @@ def measure_step_costs(capability: str, envs_dir: str | Path, base_model_dir: st
 
     Nothing is saved: the trainers write to a temporary folder that is removed.
     """
+    from traceops.memory import release_memory
     from traceops.train.adapter import _load_base, prepare_training, without_printer
     from traceops.train.data import grpo_rows, is_multi_turn, load_environment_set, sft_rows
     from traceops.train.grpo import build_grpo_trainer, multi_turn_budget
@@ -103,6 +104,7 @@ def measure_step_costs(capability: str, envs_dir: str | Path, base_model_dir: st
             grpo_seconds = timer.seconds[-1]
             del grpo
         del trainer
+    release_memory()
     return StepCosts(sft=reference.steps(sft_seconds),
                      grpo=None if grpo_seconds is None else reference.steps(grpo_seconds),
                      reference_seconds=reference.seconds, sft_seconds=sft_seconds, grpo_seconds=grpo_seconds,
