@@ -11,9 +11,8 @@ from pathlib import Path
 import httpx
 import mlflow
 import pytest
-from random_adapters import random_adapter
 from test_serve import running
-from test_serve_registry import ADAPTER, CAP, WEATHER
+from test_serve_registry import ADAPTER, CAP, WEATHER, register_champion
 
 from traceops import config, registry
 from traceops.ingest import ingest_paths
@@ -33,11 +32,8 @@ ENV_VERSION = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 @pytest.fixture(scope="module")
 def trained_home(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A home whose adapter and composite were trained on environments grounded in the retail domain."""
-    from transformers import AutoModelForCausalLM
 
     from traceops.flows.runtime import prepare
-    from traceops.mlflow_models.registration import register_adapter, register_composite
-    from traceops.moe import build_moe, save_moe
     from traceops.tasks.tracking import log_json, stage_run
 
     home = tmp_path_factory.mktemp("domain-home")
@@ -53,14 +49,7 @@ def trained_home(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
                      MANIFEST_ARTIFACT.format(capability=CAP))
         lineage = {**current_lineage(paths, str(tiny_model_dir), diagnosis_run=""),
                    TAG_ENV_VERSION: ENV_VERSION}
-        adapter = random_adapter(tiny_model_dir, home / "trained" / CAP, seed=5)
-        composite = save_moe(build_moe(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)),
-                                       {CAP: adapter}, top_k=1), home / "trained" / "composite")
-        with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "train")):
-            register_adapter(adapter, CAP, lineage, base_model=str(tiny_model_dir))
-        with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "route")):
-            register_composite(composite, lineage, {ADAPTER: "1"}, base_model=str(tiny_model_dir))
-        registry.set_alias(registry.COMPOSITE_MODEL, registry.CHAMPION, "1")
+        register_champion(home, paths, tiny_model_dir, lineage, seed=5)
         yield home
 
 

@@ -38,26 +38,35 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 def registered(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A home whose registry holds traceops.adapter.tool_call_format/1 and traceops.composite/1 (one
     expert, top-1) with the ``champion`` alias, both on the tiny model; the local folders under trained/."""
-    from transformers import AutoModelForCausalLM
 
     from traceops.flows.runtime import prepare
-    from traceops.moe import build_moe, save_moe
 
     home = tmp_path_factory.mktemp("serve-home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRACEOPS_HOME", str(home))  # prepare() sets it; the context restores it
         patch.setenv("PREFECT_HOME", str(home / ".prefect"))
         paths = prepare(home).paths
-        lineage = current_lineage(paths, str(tiny_model_dir), diagnosis_run="")
-        adapter = random_adapter(tiny_model_dir, home / "trained" / CAP, seed=3)
-        composite = save_moe(build_moe(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)),
-                                       {CAP: adapter}, top_k=1), home / "trained" / "composite")
-        with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "train")):
-            register_adapter(adapter, CAP, lineage, base_model=str(tiny_model_dir))
-        with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "route")):
-            register_composite(composite, lineage, {ADAPTER: "1"}, base_model=str(tiny_model_dir))
-        registry.set_alias(registry.COMPOSITE_MODEL, registry.CHAMPION, "1")
+        register_champion(home, paths, tiny_model_dir, current_lineage(paths, str(tiny_model_dir),
+                                                                       diagnosis_run=""), seed=3)
         yield home
+
+
+def register_champion(home: Path, paths: config.Paths, tiny_model_dir: Path, lineage: dict[str, str],
+                      seed: int) -> None:
+    """Register a random adapter of CAP (version 1) and a one-expert composite over it (version 1, the
+    ``champion``) on the tiny model, with ``lineage`` tags; their folders under ``home/trained``."""
+    from transformers import AutoModelForCausalLM
+
+    from traceops.moe import build_moe, save_moe
+
+    adapter = random_adapter(tiny_model_dir, home / "trained" / CAP, seed=seed)
+    composite = save_moe(build_moe(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)),
+                                   {CAP: adapter}, top_k=1), home / "trained" / "composite")
+    with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "train")):
+        register_adapter(adapter, CAP, lineage, base_model=str(tiny_model_dir))
+    with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "route")):
+        register_composite(composite, lineage, {ADAPTER: "1"}, base_model=str(tiny_model_dir))
+    registry.set_alias(registry.COMPOSITE_MODEL, registry.CHAMPION, "1")
 
 
 def resolve(spec: str | None, home: Path, base_model: str | None = None) -> ServeTarget:
