@@ -17,7 +17,8 @@ reproducible), and writes
     .venv/bin/python data/public/bfcl/generate_logs.py [--per-category 10] [--max-new-tokens 128]
 
 The defaults are the bundled run's (4 requests per category: 16 requests; see SOURCE.md for its
-time); ``--per-category 0`` runs every request.
+time); ``--per-category 0`` runs every request. Each finished batch is appended to ``<logs>.partial``, so a
+run that stops resumes where it was (the two files are written, and the side file removed, at the end).
 """
 
 from __future__ import annotations
@@ -115,6 +116,19 @@ def checked(reply: Message, request: dict[str, Any], tools: list[ToolSpec],
     return best
 
 
+def row_for(request: dict[str, Any], completion: Completion, model_id: str,
+            references: list[Message]) -> dict[str, Any]:
+    """One request's call log (the body ``traceops serve`` returns) and its checked outcome."""
+    task_id = request["task_id"]
+    response = stable_response(completion_response(completion, model_id), task_id, completion.text)
+    tools = tool_specs(request["tools"], task_id)
+    score = checked(reply_from_text(completion.text), request, tools, references)
+    log = {"task_id": task_id, "domain": DOMAIN, "metadata": {"category": request["category"]},
+           "request": {"model": model_id, "messages": request["messages"], "tools": request["tools"]},
+           "response": response}
+    return {"log": log, "outcome": {"task_id": task_id, "success": score == 1.0, "reward": score}}
+
+
 def main() -> None:
     """Generate, check, write the logs and outcomes, print a summary and one JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -148,25 +162,35 @@ def main() -> None:
     if missing:
         raise SystemExit(f"{args.references}: no reference for tasks {missing[:5]}; rerun build.py")
     started = time.perf_counter()
-    for request, completion in zip(requests, completions(model, requests, config, args.batch_size),
-                                   strict=True):
-        task_id = request["task_id"]
-        response = stable_response(completion_response(completion, model.info.model_id), task_id,
-                                   completion.text)
-        tools = tool_specs(request["tools"], task_id)
-        score = checked(reply_from_text(completion.text), request, tools, references[task_id])
-        logs.append({"task_id": task_id, "domain": DOMAIN, "metadata": {"category": request["category"]},
-                     "request": {"model": model.info.model_id, "messages": request["messages"],
-                                 "tools": request["tools"]},
-                     "response": response})
-        outcomes.append({"task_id": task_id, "success": score == 1.0, "reward": score})
+    # Finished requests are kept in a side file as they complete, so a long run that stops resumes.
+    partial = args.logs.with_name(args.logs.name + ".partial")
+    done = {row["log"]["task_id"]: row for row in read_requests(partial)} if partial.is_file() else {}
+    todo = [r for r in requests if r["task_id"] not in done]
+    if done:
+        print(f"resuming: {len(requests) - len(todo)} of {len(requests)} requests done in {partial}",
+              file=sys.stderr)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    for start in range(0, len(todo), args.batch_size):
+        chunk = todo[start:start + args.batch_size]
+        rows = [row_for(request, completion, model.info.model_id, references[request["task_id"]])
+                for request, completion in zip(chunk, completions(model, chunk, config, args.batch_size),
+                                               strict=True)]
+        with partial.open("a", encoding="utf-8") as handle:
+            handle.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        done.update((row["log"]["task_id"], row) for row in rows)
+        print(f"{len(requests) - len(todo) + start + len(chunk)}/{len(requests)} requests", file=sys.stderr)
+    for request in requests:
+        row = done[request["task_id"]]
+        logs.append(row["log"])
+        outcomes.append(row["outcome"])
         tally = per_category.setdefault(request["category"], [0, 0])
-        tally[0] += score == 1.0
+        tally[0] += row["outcome"]["success"]
         tally[1] += 1
     seconds = time.perf_counter() - started
     for path, rows in ((args.logs, logs), (args.outcomes, outcomes)):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    partial.unlink()
     for category, (passed, total) in sorted(per_category.items()):
         print(f"{category:15s} {passed:3d} / {total:3d} right")
     print(json.dumps({"model": model.info.model_id, "requests": len(requests), "seconds": round(seconds, 1),
