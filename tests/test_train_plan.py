@@ -107,8 +107,9 @@ def test_a_budget_that_trains_nothing_fails_naming_the_smallest_that_trains_the_
         plan_training([candidate("tool_call_format", 0.1, 0.1)], priced([]), budget=0)
 
 
-def test_generic_steps_are_its_share_at_the_mean_cost() -> None:
-    assert generic_steps(0.25, 120.0, [costs(2.0), costs(4.0)]) == 10
+def test_generic_steps_are_its_share_at_the_costliest_capability() -> None:
+    # mixed batches are padded to their longest row: priced at the dearest step (4.0), not the mean (3.0)
+    assert generic_steps(0.25, 120.0, [costs(2.0), costs(4.0)]) == 7
     assert generic_steps(0.0, 120.0, [costs(2.0)]) == 0
     assert generic_steps(0.01, 120.0, [costs(12.0)]) == 1
 
