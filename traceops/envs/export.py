@@ -42,15 +42,20 @@ def dataset_rows(tasks: Sequence[dict[str, Any]], system_prompt: str) -> list[di
     ]
 
 
-def opening(env: Environment, observation: str) -> list[dict[str, str]]:
-    """The messages an episode starts with, read after ``reset``: the environment's system prompt (a
-    native task's own, the logged one) or, without one, ``DEFAULT_SYSTEM_PROMPT``, then the user's
-    request. A trained model is served through ``TrainedChatModel``, which puts that default in front of a
-    conversation without a system message; training on the same line keeps the two prompts equal."""
+def system_prompt(env: Environment) -> str:
+    """The system message of an episode: the environment's own prompt (a native task's, the logged one)
+    or, without one, ``DEFAULT_SYSTEM_PROMPT``. A trained model is served through ``TrainedChatModel``,
+    which puts that default in front of a conversation without a system message; training on the same
+    line keeps the two prompts equal."""
     from traceops.model.chat_template import DEFAULT_SYSTEM_PROMPT
 
-    return [{"role": "system", "content": env.system_prompt or DEFAULT_SYSTEM_PROMPT},
-            {"role": "user", "content": observation}]
+    return env.system_prompt or DEFAULT_SYSTEM_PROMPT
+
+
+def opening(env: Environment, observation: str) -> list[dict[str, str]]:
+    """The messages an episode starts with, read after ``reset``: ``system_prompt(env)``, then the
+    user's request."""
+    return [{"role": "system", "content": system_prompt(env)}, {"role": "user", "content": observation}]
 
 
 def to_dataset(tasks: Sequence[dict[str, Any]], family: Family, tokenizer: Any = None) -> Any:

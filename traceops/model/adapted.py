@@ -2,7 +2,7 @@
 prompting exactly as training did.
 
 Training (``traceops.train``) renders every conversation with TRL's Qwen2.5 chat template (saved into
-each adapter folder), opens it with ``train.data.system_prompt(env)`` (the environment's prompt or the
+each adapter folder), opens it with ``envs.export.system_prompt(env)`` (the environment's prompt or the
 generic tool-use one) and writes each assistant turn as its text followed by
 ``<tool_call>{json}</tool_call>`` lines, with tool results as plain ``tool`` messages. The agent loop
 keeps structured history instead: assistant ``tool_calls``, tool messages with names and call ids, and
@@ -36,7 +36,7 @@ def training_conversation(messages: list[Any]) -> list[dict[str, str]]:
     System, user and tool messages keep only role and content; an assistant message becomes its
     stripped text followed by its calls in canonical ``<tool_call>`` form (``train.data.turn_text``);
     a conversation without a system message gets ``DEFAULT_SYSTEM_PROMPT``, as
-    ``train.data.system_prompt`` gives environments without one.
+    ``envs.export.system_prompt`` gives environments without one.
     """
     out: list[dict[str, str]] = []
     for message in messages_to_chat(messages):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from traceops.envs.base import AssistantTurn, Environment
+from traceops.envs.export import opening, system_prompt
 from traceops.envs.folder import (
     MANIFEST_NAME,
     manifest_environment,
@@ -28,7 +29,6 @@ from traceops.envs.folder import (
     split_path,
 )
 from traceops.errors import ConfigError, InputError
-from traceops.model.chat_template import DEFAULT_SYSTEM_PROMPT
 
 SPLITS = ("train", "val", "test")
 
@@ -70,19 +70,6 @@ def load_environment_set(envs_dir: str | Path, capability: str | None = None) ->
     return EnvironmentSet(capability=name, factory=cls, splits=splits, source=str(folder))
 
 
-def system_prompt(env: Environment) -> str:
-    """The system message of an episode: the environment's own prompt or a generic tool-use one."""
-    return env.system_prompt or DEFAULT_SYSTEM_PROMPT
-
-
-def first_messages(env: Environment, observation: str) -> list[dict[str, str]]:
-    """The system and user messages an episode starts with (``envs.export.opening``: the environment's
-    system prompt, else ``DEFAULT_SYSTEM_PROMPT``, as ``TrainedChatModel`` serves a conversation)."""
-    from traceops.envs.export import opening
-
-    return opening(env, observation)
-
-
 def turn_text(turn: AssistantTurn) -> str:
     """One assistant turn as text: its content, then each call as ``<tool_call>{json}</tool_call>``."""
     from traceops.model.toolcalls import assistant_text
@@ -94,7 +81,7 @@ def demonstration(env: Environment, task: dict[str, Any]) -> list[dict[str, str]
     """The oracle's episode on ``task`` as chat messages (system, user, assistant, tool...), verified to
     score 1.0 so a broken oracle never becomes training data."""
     observation = env.reset(**task)
-    messages = first_messages(env, observation)
+    messages = opening(env, observation)
     for turn in env.oracle():
         messages.append({"role": "assistant", "content": turn_text(turn)})
         for call in turn.calls:
@@ -156,7 +143,7 @@ def grpo_rows(env_set: EnvironmentSet, tokenizer: Any, multi_turn: bool) -> list
         if multi_turn:
             prompt: Any = [{"role": "system", "content": system_prompt(env)}, {"role": "user", "content": ""}]
         else:
-            messages = first_messages(env, observation)
+            messages = opening(env, observation)
             prompt = render_prompt(tokenizer, messages, tools)
         rows.append({"prompt": prompt, "task_json": task_json})
     return rows
