@@ -194,6 +194,8 @@ def json_summary(result: NightResult) -> dict[str, Any]:
         "env_version": result.synthesize.env_version if result.synthesize is not None else None,
         "selected": [r.capability for r in result.diagnose.selected] if result.diagnose is not None else [],
         "deferred": [p.capability for p in result.train.plan if p.deferred] if result.train else [],
+        "trained": [p.capability for p in result.train.plan if not p.deferred and not p.reused]
+        if result.train else [],
         "capabilities": capability_rows(result),
         "composite": route.composite.model_dump() if route is not None else None,
         "report": result.evaluate.report_path if result.evaluate is not None else None,

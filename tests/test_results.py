@@ -117,9 +117,10 @@ def test_the_nightly_summaries_read_the_typed_results() -> None:
                                        "composite_ci": [0.375, 0.875]}]
     summary = json_summary(NIGHT)
     assert list(summary) == ["promoted", "champion", "nothing_to_do", "seconds", "data_version",
-                             "env_version", "selected", "deferred", "capabilities", "composite", "report",
-                             "mlflow_run"]
+                             "env_version", "selected", "deferred", "trained", "capabilities", "composite",
+                             "report", "mlflow_run"]
     assert summary["deferred"] == []  # the train result's plan deferred nothing
+    assert summary["trained"] == [p.capability for p in NIGHT.train.plan if not p.reused]
     assert summary["champion"] == {"name": "traceops.composite", "version": "1"} and summary["promoted"]
     assert summary["composite"] == {"name": "traceops.composite", "version": "1"}
     assert summary["report"] == "/h/data/eval/report.html" and summary["selected"] == ["tool_call_format"]
@@ -137,5 +138,5 @@ def test_the_nightly_summaries_read_the_typed_results() -> None:
     assert json_summary(idle) == {
         "promoted": False, "champion": None, "nothing_to_do": "no logs", "seconds": {"ingest": 1.0},
         "data_version": INGEST.data_version, "env_version": None, "selected": [], "deferred": [],
-        "capabilities": [], "composite": None, "report": None, "mlflow_run": "r"}
+        "trained": [], "capabilities": [], "composite": None, "report": None, "mlflow_run": "r"}
     assert "Nothing to do: no logs" in night_summary_markdown(idle)
