@@ -18,6 +18,7 @@ from traceops.results import (
     IngestResult,
     NightResult,
     PairedDifference,
+    PlannedCapability,
     PromoteResult,
     ReplaySummary,
     RoleSummary,
@@ -120,7 +121,14 @@ def test_the_nightly_summaries_read_the_typed_results() -> None:
                              "env_version", "selected", "deferred", "trained", "capabilities", "composite",
                              "report", "mlflow_run"]
     assert summary["deferred"] == []  # the train result's plan deferred nothing
-    assert summary["trained"] == [p.capability for p in NIGHT.train.plan if not p.reused]
+    assert summary["trained"] == []  # no plan: an older train result
+    planned = [PlannedCapability(capability=c, rank=i, score=0.1, sft_steps=s, grpo_steps=0, cost=c_,
+                                 reused=r, deferred=d)
+               for i, (c, s, c_, r, d) in enumerate([("a", 16, 9.0, False, None), ("b", 16, 0.0, True, None),
+                                                     ("c", 0, 0.0, False, "budget spent")], start=1)]
+    planned_night = NIGHT.model_copy(update={"train": TRAIN.model_copy(update={"plan": planned})})
+    assert json_summary(planned_night)["trained"] == ["a"]  # not the reused b, not the deferred c
+    assert json_summary(planned_night)["deferred"] == ["c"]
     assert summary["champion"] == {"name": "traceops.composite", "version": "1"} and summary["promoted"]
     assert summary["composite"] == {"name": "traceops.composite", "version": "1"}
     assert summary["report"] == "/h/data/eval/report.html" and summary["selected"] == ["tool_call_format"]
