@@ -84,6 +84,8 @@ def main() -> None:
     parser.add_argument("--budget", default=None, help="override params.yaml train.budget (e.g. tiny)")
     parser.add_argument("--catch-up", type=int, default=2,
                         help="nights at most that train what an earlier night deferred (0: none)")
+    parser.add_argument("--first-only", action="store_true",
+                        help="run the first night only (no catch-up nights, no rerun)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the temporary home (its report, registry and logs) and print its path")
     args = parser.parse_args()
@@ -102,10 +104,11 @@ def main() -> None:
         outcomes = args.outcomes.resolve() if args.outcomes else None
         first_wall, first = run_night(home, args.logs.resolve(), outcomes)
         last = first
-        while last.get("deferred") and len(catch_up) < args.catch_up:
+        while not args.first_only and last.get("deferred") and len(catch_up) < args.catch_up:
             catch_up.append(run_night(home, args.logs.resolve(), outcomes))
             last = catch_up[-1][1]
-        second_wall, second = run_night(home, args.logs.resolve(), outcomes)
+        second_wall, second = (0.0, None) if args.first_only else run_night(home, args.logs.resolve(),
+                                                                               outcomes)
         work = work_seconds(home, first["mlflow_run"])
     finally:
         if args.keep:
@@ -128,10 +131,12 @@ def main() -> None:
         print(f"{f'catch-up night {number} (wall)':28}{wall:10.1f}{steps(wall):11.1f}   trained "
               f"{', '.join(trained_tonight(night)) or 'nothing'}; deferred "
               f"{', '.join(night.get('deferred') or []) or 'none'}")
+    second = second or {"champion": last["champion"], "seconds": {}}  # --first-only: no rerun
     unchanged = second["champion"] == last["champion"] and not trained_tonight(second)
-    print(f"{'no-change rerun (wall)':28}{second_wall:10.1f}{steps(second_wall):11.1f}   target <= 20; "
-          f"trained {', '.join(trained_tonight(second)) or 'nothing'}, champion "
-          f"{'unchanged' if second['champion'] == last['champion'] else 'CHANGED'}")
+    if not args.first_only:
+        print(f"{'no-change rerun (wall)':28}{second_wall:10.1f}{steps(second_wall):11.1f}   target <= 20; "
+              f"trained {', '.join(trained_tonight(second)) or 'nothing'}, champion "
+              f"{'unchanged' if unchanged else 'CHANGED'}")
     print(f"{'stage work (sum)':28}{total_work:10.1f}{steps(total_work):11.1f}")
     print(f"orchestration overhead share: {overhead:.1%} (target <= 10%)")
     print(json.dumps({"reference_step_s": round(reference.seconds, 3),
@@ -142,9 +147,10 @@ def main() -> None:
                                     "trained": trained_tonight(n), "deferred": n.get("deferred") or [],
                                     "stage_steps": {k: round(steps(v), 1) for k, v in n["seconds"].items()}}
                                    for w, n in catch_up],
-                      "rerun_s": round(second_wall, 1), "rerun_steps": round(steps(second_wall), 1),
+                      "rerun_s": None if args.first_only else round(second_wall, 1),
+                      "rerun_steps": None if args.first_only else round(steps(second_wall), 1),
                       "rerun_stage_steps": {k: round(steps(v), 1) for k, v in second["seconds"].items()},
-                      "rerun_unchanged": unchanged,
+                      "rerun_unchanged": None if args.first_only else unchanged,
                       "work_s": round(total_work, 1), "overhead_share": round(overhead, 4),
                       "stage_seconds": first["seconds"],
                       "stage_steps": {k: round(steps(v), 1) for k, v in first["seconds"].items()},
