@@ -136,3 +136,51 @@ def test_a_multi_turn_family_gets_its_own_grpo_steps() -> None:
     plan = plan_training([multi], priced([]), budget=1000.0)
     assert (plan.items[0].sft_steps, plan.items[0].grpo_steps) == (16, 1)
     assert plan.items[0].cost == pytest.approx(16 * 12.0 + 40.0)
+
+
+def capped(name: str, coverage: float, delta: float, cap: int | None = 64,
+           reused: tuple[int, int] | None = None) -> Candidate:
+    return Candidate(capability=name, coverage=coverage, delta=delta, sft_steps=16, grpo_steps=2,
+                     min_sft_steps=8, reused=reused, max_sft_steps=cap)
+
+
+def test_what_the_walk_leaves_buys_extra_sft_steps_highest_ranked_first() -> None:
+    # Full schedules: 16 x 2 + 2 x 5 = 42 each; 150 leaves 66, the top-ranked takes 33 more SFT steps.
+    plan = plan_training([capped("tool_call_format", 0.1, 0.5), capped("argument_grounding", 0.4, 0.5)],
+                         priced([]), budget=150.0)
+    by_cap = {item.capability: item for item in plan.items}
+    assert (by_cap["argument_grounding"].sft_steps, by_cap["argument_grounding"].grpo_steps) == (49, 2)
+    assert by_cap["argument_grounding"].cost == pytest.approx(49 * 2.0 + 10.0)
+    assert (by_cap["tool_call_format"].sft_steps, by_cap["tool_call_format"].grpo_steps) == (16, 2)
+    assert plan.spent == pytest.approx(150.0)
+
+
+def test_extra_sft_steps_stop_at_the_cap_and_the_rest_goes_down_the_ranking() -> None:
+    plan = plan_training([capped("tool_call_format", 0.1, 0.5, cap=20), capped("argument_grounding", 0.4, 0.5,
+                                                                              cap=20)],
+                         priced([]), budget=1000.0)
+    assert [(i.capability, i.sft_steps, i.grpo_steps) for i in plan.items] == [
+        ("argument_grounding", 20, 2), ("tool_call_format", 20, 2)]
+    assert plan.spent == pytest.approx(2 * (20 * 2.0 + 10.0))  # the rest of the budget is left unspent
+    # No cap: the schedule stays the budget's, whatever is left.
+    uncapped = plan_training([capped("argument_grounding", 0.4, 0.5, cap=None)], priced([]), budget=1000.0)
+    assert (uncapped.items[0].sft_steps, uncapped.items[0].cost) == (16, pytest.approx(42.0))
+
+
+def test_leftover_never_revives_a_deferral_nor_touches_a_reused_adapter() -> None:
+    # policy_adherence (12 a step) cannot pay its 8 SFT steps from the 88 left after argument_grounding;
+    # the 88 go to argument_grounding's SFT (44 more steps, capped at 64 in all); the reused one stays.
+    plan = plan_training([capped("argument_grounding", 0.4, 0.5), capped("policy_adherence", 0.3, 0.5),
+                          capped("tool_call_format", 0.5, 0.5, reused=(16, 2))], priced([]), budget=130.0)
+    by_cap = {item.capability: item for item in plan.items}
+    assert by_cap["tool_call_format"].reused and by_cap["tool_call_format"].cost == 0.0
+    assert by_cap["tool_call_format"].sft_steps == 16
+    assert by_cap["policy_adherence"].deferred is not None and by_cap["policy_adherence"].sft_steps == 0
+    assert (by_cap["argument_grounding"].sft_steps, by_cap["argument_grounding"].grpo_steps) == (60, 2)
+    assert plan.spent == pytest.approx(60 * 2.0 + 10.0)
+
+
+def test_a_cut_schedule_gets_no_extra_steps() -> None:
+    # 20 buys 10 SFT steps of the 16 and nothing is left over.
+    plan = plan_training([capped("argument_grounding", 0.4, 0.5)], priced([]), budget=20.0)
+    assert (plan.items[0].sft_steps, plan.items[0].grpo_steps) == (10, 0)

@@ -68,6 +68,9 @@ class Budget:
     # The fewest SFT steps worth an adapter: a capability whose remaining time budget (train.time_budget)
     # buys fewer is deferred to a later night rather than trained into a useless adapter.
     min_sft_steps: int = 1
+    # The most SFT steps an adapter gets when the night's plan has time left after every capability's
+    # schedule (traceops/train/plan.py spends it on learning); None: never more than ``sft_steps``.
+    max_sft_steps: int | None = None
 
     @property
     def sft_checkpointing(self) -> bool:
@@ -110,7 +113,7 @@ BUDGETS: dict[str, Budget] = {
         grpo_steps=2, grpo_prompts_per_step=1, num_generations=4, max_completion_length=96, grpo_lr=1e-5,
         max_turns=9, eval_tasks=4, eval_max_new_tokens=100, save_steps=4, eval_max_turns=9,
         gradient_checkpointing=True, sft_gradient_checkpointing=False, eval_splits=("val",),
-        multi_turn_grpo_steps=1, min_sft_steps=8,
+        multi_turn_grpo_steps=1, min_sft_steps=8, max_sft_steps=64,
     ),
     "full": Budget(
         name="full", sft_steps=400, sft_batch_size=16, sft_max_length=2048, sft_lr=2e-4,

@@ -13,17 +13,23 @@ and successes): the one behind most failures, most specifically, first. Walking 
   is untrained with unchanged environments, so the next night's plan (where the reused ones cost
   nothing) trains it first.
 
-Step costs are measured per capability (traceops/train/step_cost.py): ``cost_of(capability, grpo)`` is
-called only for the capabilities the walk needs a price for, so a spent budget measures nothing more, and
-asks for the GRPO step's price (minutes of sampling on a CPU) only where the full SFT schedule fits. A
-capability cut short keeps its adapter until its environments change. Pure: no I/O here.
+What the walk leaves goes to learning: extra SFT steps for the capabilities trained tonight, highest
+ranked first, each up to its ``max_sft_steps`` (the budget's cap; None: no extra). A budget whose only
+selected capability is a cheap single-turn one would otherwise train 16 steps of a share that buys 138
+(the BFCL night: val 0/4 before and after). Reused adapters stay reused.
+
+Step prices come from ``cost_of(capability, grpo)`` (the train task's cost cache: an estimate from the
+capability's tokens on the first night, traceops/train/cost_estimate.py; its measured steps once an
+adapter has trained). It is called only for the capabilities the walk needs a price for, and for the
+GRPO step only where the full SFT schedule fits. A capability cut short keeps its adapter until its
+environments change. Pure: no I/O here.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from traceops.errors import ConfigError
 from traceops.train.step_cost import StepCosts
@@ -42,6 +48,7 @@ class Candidate:
     min_sft_steps: int
     reused: tuple[int, int] | None = None
     multi_turn_grpo_steps: int | None = None  # GRPO steps of a multi-turn family (None: ``grpo_steps``)
+    max_sft_steps: int | None = None  # SFT steps the budget's leftover may raise it to (None: no extra)
 
     @property
     def score(self) -> float:
@@ -124,7 +131,9 @@ def plan_training(candidates: Sequence[Candidate], cost_of: Callable[[str, bool]
                           "lower train.generic_share")
     items: list[PlanItem] = []
     left = float(budget) * adapter_share
-    for position, candidate in enumerate(rank(candidates), start=1):
+    prices: dict[str, StepCosts] = {}
+    ranked = rank(candidates)
+    for position, candidate in enumerate(ranked, start=1):
         common = {"capability": candidate.capability, "rank": position, "score": candidate.score}
         if candidate.reused is not None:
             items.append(PlanItem(**common, sft_steps=candidate.reused[0], grpo_steps=candidate.reused[1],
@@ -148,8 +157,10 @@ def plan_training(candidates: Sequence[Candidate], cost_of: Callable[[str, bool]
             continue
         cost = chosen[0] * costs.sft + chosen[1] * (costs.grpo or 0.0)
         left -= cost
+        prices[candidate.capability] = costs
         items.append(PlanItem(**common, sft_steps=chosen[0], grpo_steps=chosen[1], cost=cost,
                               least_cost=least))
+    items = spend_leftover(items, ranked, prices, left)
     plan = Plan(budget=float(budget), items=items)
     if items and not plan.trained:
         top = items[0]
@@ -161,6 +172,23 @@ def plan_training(candidates: Sequence[Candidate], cost_of: Callable[[str, bool]
             f"so the smallest budget that trains it is {smallest}; raise train.time_budget in params.yaml "
             "to at least that")
     return plan
+
+
+def spend_leftover(items: list[PlanItem], ranked: Sequence[Candidate], prices: dict[str, StepCosts],
+                   left: float) -> list[PlanItem]:
+    """``items`` with ``left`` reference steps spent on extra SFT steps of the capabilities trained tonight
+    (``prices`` holds theirs), in rank order, each up to its candidate's ``max_sft_steps``."""
+    caps = {c.capability: c.max_sft_steps for c in ranked}
+    spent = []
+    for item in items:
+        costs, cap = prices.get(item.capability), caps.get(item.capability)
+        if costs is None or cap is None or item.sft_steps >= cap or costs.sft <= 0 or left < costs.sft:
+            spent.append(item)
+            continue
+        extra = min(cap - item.sft_steps, math.floor(left / costs.sft))
+        left -= extra * costs.sft
+        spent.append(replace(item, sft_steps=item.sft_steps + extra, cost=item.cost + extra * costs.sft))
+    return spent
 
 
 def generic_steps(share: float, budget: float, costs: Sequence[StepCosts]) -> int:

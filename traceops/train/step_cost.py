@@ -1,5 +1,10 @@
 """What one training step of a capability costs, in reference steps, measured on its own data.
 
+A night plans with an estimate (traceops/train/cost_estimate.py) until an adapter has trained, and then
+with that adapter's own step times (``step_timer`` in train_adapter; ``StepCosts.from_seconds``).
+``measure_step_costs`` times steps on purpose, without training an adapter: it is how the estimate's
+constants are calibrated (re-measure after changing the trainers or the budgets' step shapes).
+
 Families differ: a single-turn family's SFT rows are a few hundred tokens, a multi-turn family's whole
 episodes (~1,300 tokens), and its GRPO step samples whole episodes, so a step of one costs several times a
 step of another. ``measure_step_costs`` times real SFT steps (and one GRPO step where the budget has GRPO)
@@ -27,22 +32,42 @@ SFT_TIMED_STEPS = 2  # after one untimed warm-up step (allocator, kernels, optim
 
 @dataclass(frozen=True)
 class StepCosts:
-    """Reference steps per SFT step and per GRPO step of one capability (``grpo`` None: not measured; 0.0:
-    the budget has no GRPO for this family), with the seconds behind them."""
+    """Reference steps per SFT step and per GRPO step of one capability (``grpo`` None: not priced; 0.0:
+    the budget has no GRPO for this family), with the seconds behind them (None for an estimate).
+    ``source``: "measured" (timed steps) or "estimate" (traceops/train/cost_estimate.py)."""
 
     sft: float
     grpo: float | None
-    reference_seconds: float
-    sft_seconds: float
+    reference_seconds: float | None
+    sft_seconds: float | None
     grpo_seconds: float | None
     multi_turn: bool
+    source: str = "measured"
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict (for the cost cache and MLflow)."""
         return asdict(self)
 
+    @classmethod
+    def from_seconds(cls, reference_seconds: float, sft_seconds: float, grpo_seconds: float | None,
+                     multi_turn: bool) -> StepCosts:
+        """Measured step costs: seconds of an SFT step (and a GRPO step; None: none ran) over the seconds
+        of a reference step timed on the same machine."""
+        return cls(sft=sft_seconds / reference_seconds,
+                   grpo=None if grpo_seconds is None else grpo_seconds / reference_seconds,
+                   reference_seconds=reference_seconds, sft_seconds=sft_seconds, grpo_seconds=grpo_seconds,
+                   multi_turn=multi_turn)
 
-def _step_timer() -> Any:
+
+def typical_step(seconds: list[float], warm_up: int = 1) -> float | None:
+    """The median of step times after the first ``warm_up`` (allocator, kernels, optimizer state), or of
+    all of them when there are no more; None when no step ran."""
+    if not seconds:
+        return None
+    return statistics.median(seconds[warm_up:] or seconds)
+
+
+def step_timer() -> Any:
     """A trainer callback that records each optimizer step's wall time in its ``seconds`` list."""
     from transformers import TrainerCallback
 
@@ -87,15 +112,15 @@ def measure_step_costs(capability: str, envs_dir: str | Path, base_model_dir: st
         base_dir, out, tokenizer = prepare_training(base_model_dir, tmp, chosen, settings, seed)
         reference = reference or time_reference_step(base_dir, seed=seed)
         timed = replace(chosen, sft_steps=1 + SFT_TIMED_STEPS, save_steps=10_000)
-        timer = _step_timer()
+        timer = step_timer()
         trainer = build_sft_trainer(_load_base(base_dir, chosen), tokenizer, sft_rows(env_set), timed,
                                     out / "sft", seed, settings, callbacks=[timer])
         without_printer(trainer).train()
-        sft_seconds = statistics.median(timer.seconds[1:] or timer.seconds)
+        sft_seconds = typical_step(timer.seconds) or 0.0
         rollout = multi_turn_budget(env_set, tokenizer, chosen) if multi_turn else chosen
         grpo_seconds: float | None = 0.0 if rollout.grpo_steps == 0 else None
         if grpo and rollout.grpo_steps > 0:
-            timer = _step_timer()
+            timer = step_timer()
             rows = grpo_rows(env_set, tokenizer, multi_turn)
             grpo = build_grpo_trainer(trainer.model, tokenizer, env_set, rows,
                                       replace(rollout, grpo_steps=1, save_steps=10_000), out / "grpo", seed,
@@ -105,7 +130,4 @@ def measure_step_costs(capability: str, envs_dir: str | Path, base_model_dir: st
             del grpo
         del trainer
     release_memory()
-    return StepCosts(sft=reference.steps(sft_seconds),
-                     grpo=None if grpo_seconds is None else reference.steps(grpo_seconds),
-                     reference_seconds=reference.seconds, sft_seconds=sft_seconds, grpo_seconds=grpo_seconds,
-                     multi_turn=multi_turn)
+    return StepCosts.from_seconds(reference.seconds, sft_seconds, grpo_seconds, multi_turn)
