@@ -121,12 +121,15 @@ def _weights_id(spec: RoleSpec) -> Any:
 def evaluate_flow(home: str | None = None, base_model: str = "embedded",
                   adapters: list[AdapterResult] | dict[str, str] | None = None,
                   generic: GenericResult | str | None = None, composite: RouteResult | str | None = None,
-                  parent_run_id: str | None = None, full: bool = False) -> EvalResult:
-    """Evaluate base, adapters, generic LoRA, composite and champion (see the module docstring).
+                  parent_run_id: str | None = None, full: bool = False,
+                  not_trained: dict[str, str] | None = None) -> EvalResult:
+    """Evaluate base, adapters, generic LoRA, composite and champion (see the module docstring) on the
+    capabilities that have an adapter tonight.
 
     ``adapters``: the train stage's results or a mapping capability -> adapter folder; ``generic`` and
     ``composite``: the train and route stages' results or a folder; ``full``: every test task of each
-    split instead of ``evaluate.limit`` (``traceops evaluate --full``)."""
+    split instead of ``evaluate.limit`` (``traceops evaluate --full``); ``not_trained``: capability ->
+    why it has no adapter tonight (the train plan's ``deferred``), said in the report."""
     settings = config.load(home)
     registry.configure(settings.paths)
     specs = [RoleSpec(BASE, "base"), *adapter_roles(settings, adapters)]
@@ -148,6 +151,8 @@ def evaluate_flow(home: str | None = None, base_model: str = "embedded",
         # held-out real requests come from the curated logs and the reference file
         versioning.data_version(paths.home, "data/curated"),
         RequestParams.from_params(settings.stage("evaluate").get("requests")).cache_identity(),
+        sorted((not_trained or {}).items()),
     )
     return run_cached(evaluate_task, evaluation_outputs_exist, key=key, roles=[s.as_dict() for s in specs],
-                      base_model=base_model, home=home, parent_run_id=parent_run_id, full=full)
+                      base_model=base_model, home=home, parent_run_id=parent_run_id, full=full,
+                      not_trained=dict(not_trained or {}))

@@ -10,12 +10,20 @@ from prefect import task
 
 from traceops import config
 from traceops.errors import StageError
+from traceops.evaluation.cache import CACHE_DIR, EvalCache
 from traceops.evaluation.envs import list_capabilities
 from traceops.evaluation.html import render_eval_html
 from traceops.evaluation.replay import logged_failures
 from traceops.evaluation.report import EvalReport, write_reports
 from traceops.evaluation.requests import load_graders, select_requests
-from traceops.evaluation.stage import EvalParams, RoleSpec, comparisons, evaluate_roles, request_comparisons
+from traceops.evaluation.stage import (
+    EvalParams,
+    RoleSpec,
+    comparisons,
+    evaluate_roles,
+    request_comparisons,
+    scored_capabilities,
+)
 from traceops.model.reference import resolve_base_model
 from traceops.progress import StepProgress
 from traceops.results import (
@@ -101,12 +109,16 @@ def comparison(reg: dict[str, Any]) -> Comparison:
       **CACHED)
 def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embedded",
                   home: str | None = None, parent_run_id: str | None = None,
-                  full: bool = False) -> EvalResult:
-    """Evaluate every role (``RoleSpec`` dicts) on the test split of every environment and on the
-    replay of the logged failures; write ``eval.json`` and ``report.html`` under ``paths.eval``.
+                  full: bool = False, not_trained: dict[str, str] | None = None) -> EvalResult:
+    """Evaluate every role (``RoleSpec`` dicts) on the test split of the environments that have an
+    adapter tonight (``scored_capabilities``; the others, with ``not_trained``'s reason, are listed as
+    not evaluated) and on the replay of the logged failures; write ``eval.json`` and ``report.html``
+    under ``paths.eval``.
 
     ``key`` (model versions + environments + attributions + parameters) is the cache key: an
-    unchanged night is not evaluated twice. ``full``: every test task (the whole split), whatever
+    unchanged night is not evaluated twice. Below it, each role's results are kept per capability in
+    models/eval_cache (``evaluation.cache``): the base, a reused adapter and the champion are scored
+    once per environments version. ``full``: every test task (the whole split), whatever
     ``evaluate.limit`` says.
     """
     import mlflow
@@ -118,9 +130,11 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
     if not specs:
         raise StageError("evaluate: no model to evaluate; train adapters and route them first")
     base_dir, base_ref = resolve_base_model(base_model)
-    capabilities = list_capabilities(paths.environments)
-    if not capabilities:
+    available = list_capabilities(paths.environments)
+    if not available:
         raise StageError(f"evaluate: no environments under {paths.environments}; run `traceops synthesize`")
+    capabilities, not_evaluated = scored_capabilities(specs, available, not_trained)
+    cache = EvalCache(paths.models / CACHE_DIR)
     domain, failed, failed_counts = (logged_failures(paths.diagnosis, paths.curated) if params.replay
                                      else (None, [], {}))
     # Held-out real requests of every domain in the curated store; graders load (and fail) first.
@@ -136,8 +150,9 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
         reports, seconds = evaluate_roles(
             specs, base_dir, paths.environments, capabilities, params, domain=domain, failed=failed,
             progress=lambda role, done, total: shown.update("models", done, detail=f"{role} done"),
-            requests=selected, graders=graders,
+            requests=selected, graders=graders, cache=cache,
         )
+        mlflow.log_metrics({"eval_cache.hits": cache.hits, "eval_cache.misses": cache.misses})
         requests_meta = RequestsSummary(
             heldout_fraction=params.requests.heldout_fraction, seed=params.requests.seed,
             replayed={d: sum(r.domain == d for r in selected.requests) for d in selected.domains},
@@ -147,6 +162,8 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
             "key": key,
             "base_model": base_ref,
             "capabilities": capabilities,
+            "not_evaluated": not_evaluated,
+            "cache": {"hits": cache.hits, "misses": cache.misses},
             "params": params.as_dict(),
             "replay": {"domain": domain, "failed": len(failed), "failed_by_domain": failed_counts},
             "roles": {s.role: s.as_dict() for s in specs},
@@ -159,7 +176,8 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
         eval_json = write_reports(reports, paths.eval / EVAL_JSON, meta)
         report_path = render_eval_html(reports, paths.eval / REPORT_HTML, title="traceops evaluation",
                                        comparisons=meta["comparisons"],
-                                       request_comparisons=meta["request_comparisons"])
+                                       request_comparisons=meta["request_comparisons"],
+                                       not_evaluated=not_evaluated)
         for role, report in reports.items():
             mlflow.log_metrics({f"{metric_prefix(role)}.{name}": value
                                 for name, value in report.metrics().items()})

@@ -299,6 +299,7 @@ def render_eval_html(
     title: str = "traceops evaluation",
     comparisons: Mapping[str, Mapping[str, Any]] | None = None,
     request_comparisons: Mapping[str, Mapping[str, Any]] | None = None,
+    not_evaluated: Mapping[str, str] | None = None,
 ) -> Path:
     """Write the comparison page of ``reports`` (name -> report, in display order) to ``out``.
 
@@ -308,7 +309,8 @@ def render_eval_html(
     composite vs champion and vs base on the same tasks) with paired bootstrap intervals, saying where
     an interval is too wide to conclude; the held-out real requests per domain beside them, with
     ``request_comparisons`` (``stage.request_comparisons``). ``decision`` (a ``promote.Decision``) adds
-    the promotion verdict, reasons and checks.
+    the promotion verdict, reasons and checks. ``not_evaluated`` (capability -> why) lists the
+    environments no model was scored on tonight (``stage.scored_capabilities``).
     """
     names = list(reports)
     capabilities = sorted({c for r in reports.values() for c in r.success})
@@ -327,6 +329,7 @@ def render_eval_html(
         f"<h1>{_e(title)}</h1>",
         "<h2>Held-out environments</h2>",
         grouped_bars(groups, names, success, "success rate per capability"),
+        *([f"<p>Not evaluated: {_e(c)}: {_e(why)}.</p>" for c, why in sorted((not_evaluated or {}).items())]),
         "<h2>Logged failures, replayed</h2>",
         grouped_bars(replay_groups, names, replay, "re-failure and repeat-failure rate (lower is better)"),
         "<h2>Success with 95% Wilson intervals</h2>",

@@ -213,11 +213,32 @@ def evaluate_requests(
 ) -> RequestEval:
     """Replay ``selected.requests`` through ``model`` (batches of requests sharing one tool list, each
     request's own tools) and grade every reply with its domain's grader (``graders``)."""
+    texts = request_replies(model, selected, config, batch_size, progress)
+    return grade_replies(selected, texts, graders, grader_specs)
+
+
+def replies_identity(selected: RequestSet) -> str:
+    """The content hash of what the replies to ``selected`` depend on (each request's conversation and
+    tools, in order): the evaluation cache's key for them."""
+    rows = [[r.domain, r.task_id, messages_to_chat(r.messages), [t.model_dump(mode="json") for t in r.tools]]
+            for r in selected.requests]
+    return content_hash(rows, length=32)
+
+
+def request_replies(
+    model: ChatModel,
+    selected: RequestSet,
+    config: GenerationConfig,
+    batch_size: int = 8,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, str]:
+    """The raw output of ``model`` for every request of ``selected``, by ``"<domain>/<task_id>"``:
+    batches of requests sharing one tool list, each request with its own tools."""
     groups: dict[str, list[LoggedRequest]] = {}
     for request in selected.requests:
         tools_key = content_hash([t.model_dump(mode="json") for t in request.tools])
         groups.setdefault(tools_key, []).append(request)
-    texts: dict[tuple[str, str], str] = {}
+    texts: dict[str, str] = {}
     done = 0
     for key in sorted(groups):
         members = groups[key]
@@ -227,14 +248,17 @@ def evaluate_requests(
             chats = [messages_to_chat(r.messages) for r in batch]
             outputs = model.generate(chats, tools=tools, config=config)
             for request, text in zip(batch, outputs, strict=True):
-                texts[(request.domain, request.task_id)] = text
+                texts[f"{request.domain}/{request.task_id}"] = text
             done += len(batch)
             if progress is not None:
                 progress(done, len(selected.requests))
-    scores = []
-    for request in selected.requests:
-        text = texts[(request.domain, request.task_id)]
-        scores.append(score_reply(request, text, graders[request.domain]))
+    return texts
+
+
+def grade_replies(selected: RequestSet, texts: Mapping[str, str], graders: Mapping[str, Grader],
+                  grader_specs: Mapping[str, str] | None = None) -> RequestEval:
+    """Grade each request's reply (``texts``, as ``request_replies`` gives them) with its domain's grader."""
+    scores = [score_reply(r, texts[f"{r.domain}/{r.task_id}"], graders[r.domain]) for r in selected.requests]
     return RequestEval(scores=scores, skipped=selected.skipped_by_reason(),
                        graders=dict(grader_specs or {}))
 

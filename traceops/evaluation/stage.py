@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from traceops.errors import ConfigError
+from traceops.evaluation.cache import EvalCache, role_weights_id
 from traceops.evaluation.replay import Failed
 from traceops.evaluation.report import EvalReport, regression
-from traceops.evaluation.requests import RequestSet, compare_requests, evaluate_requests
-from traceops.evaluation.runner import evaluate_model
+from traceops.evaluation.requests import RequestSet, compare_requests
+from traceops.evaluation.runner import evaluate_cached
 from traceops.graders import Grader
 from traceops.heldout import RequestParams
 from traceops.memory import release_memory
@@ -177,6 +178,24 @@ def role_capabilities(spec: RoleSpec, capabilities: Sequence[str], params: EvalP
     return list(capabilities)
 
 
+def scored_capabilities(specs: Sequence[RoleSpec], available: Sequence[str],
+                        not_trained: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The capabilities tonight's evaluation scores, and the others with the reason they are not.
+
+    With at least one adapter role, only the capabilities that have one tonight (trained or reused):
+    a capability deferred by the train stage's plan has nothing of its own to compare, and scoring it
+    with every other model costs a night's evaluation of it for no verdict. ``not_trained`` gives the
+    train stage's reason per capability (its plan's ``deferred``). Without adapter roles, everything
+    under the environments root is scored."""
+    own = {s.capability for s in specs if s.kind == "adapter" and s.capability}
+    if not own:
+        return list(available), {}
+    reasons = dict(not_trained or {})
+    skipped = {c: f"not evaluated: no adapter tonight ({reasons.get(c) or 'not trained'})"
+               for c in available if c not in own}
+    return [c for c in available if c in own], skipped
+
+
 def replay_sample(failed: Sequence[Failed], limit: int | None) -> list[Failed]:
     """At most ``limit`` distinct logged-failure tasks (every logged gap of each kept), taken round-robin
     over the logged gaps in task-id order, so every gap is represented; deterministic."""
@@ -209,6 +228,7 @@ def evaluate_roles(
     progress: Callable[[str, int, int], None] | None = None,
     requests: RequestSet | None = None,
     graders: Mapping[str, Grader] | None = None,
+    cache: EvalCache | None = None,
 ) -> tuple[dict[str, EvalReport], dict[str, float]]:
     """Evaluate every role on ``capabilities`` (held-out split) and, with ``domain``, the roles in
     ``params.replay_roles`` on the replay of ``replay_sample(failed, params.replay_limit)``; then add
@@ -217,9 +237,15 @@ def evaluate_roles(
     One model is loaded at a time (``load``, default ``load_role_model``) and freed before the next;
     ``progress(role, done, total)`` is called as each role finishes. With ``requests`` (the held-out
     real requests, ``evaluation.requests.select_requests``) every role also replays them, graded by
-    ``graders`` (domain -> grader). Returns the reports in ``specs`` order and the seconds each role took.
+    ``graders`` (domain -> grader). ``cache`` (``evaluation.cache``) serves every part it already holds
+    for a role's weights and keeps what is computed; a role found whole there is not even loaded.
+    Returns the reports in ``specs`` order and the seconds each role took.
     """
+    from traceops.model.adapted import base_info
+
     loader = load or (lambda spec: load_role_model(spec, base_model_dir, params.batch_size))
+    cache = cache or EvalCache(None)
+    base_weights = base_info(Path(base_model_dir))[1]
     sample = replay_sample(failed, params.replay_limit)
     reports: dict[str, EvalReport] = {}
     seconds: dict[str, float] = {}
@@ -237,10 +263,11 @@ def evaluate_roles(
             if progress is not None:
                 progress(spec.role, len(done), len(specs))
             continue
-        model = loader(spec)
-        reports[spec.role] = evaluate_model(
+        reports[spec.role] = evaluate_cached(
             spec.role,
-            model,
+            lambda spec=spec: loader(spec),
+            role_weights_id(spec.kind, spec.path, base_weights),
+            cache,
             env_root=env_root,
             capabilities=role_capabilities(spec, capabilities, params),
             domain=domain if params.replay and failed and spec.role in params.replay_roles else None,
@@ -252,12 +279,10 @@ def evaluate_roles(
             config=params.generation(),
             limit=params.limit,
             batch_size=params.batch_size,
+            requests=requests,
+            graders=graders,
+            grader_specs={d: params.requests.grader_spec(d) for d in requests.domains} if requests else None,
         )
-        if requests is not None:
-            specs_by_domain = {d: params.requests.grader_spec(d) for d in requests.domains}
-            reports[spec.role] = replace(reports[spec.role], requests=evaluate_requests(
-                model, requests, graders or {}, params.generation(), params.batch_size, specs_by_domain))
-        del model
         release_memory()  # free one model's weights before loading the next (memory, not speed)
         seconds[spec.role] = round(time.perf_counter() - started, 2)
         done.append(spec)
