@@ -28,6 +28,8 @@ from traceops.tasks.train import (
     adapter_outputs_exist,
     generic_outputs_exist,
     record_trained,
+    rehearsal_draw,
+    rehearsal_logs,
     schedule_match,
     train_generic_task,
     train_task,
@@ -38,10 +40,12 @@ from traceops.train.plan import Candidate, generic_steps, plan_training
 
 
 def adapter_key(settings: config.Settings, capability: str, budget: dict[str, Any], base_ref: str,
-                seed: int) -> str:
-    """Cache key of one adapter: its environments' content, the budget, the base model and the seed."""
+                seed: int, rehearsal: str | None = None) -> str:
+    """Cache key of one adapter: its environments' content, the budget, the base model, the seed and
+    the logged successes it rehearses (``rehearsal_draw``'s ``key``; None: none)."""
     envs = settings.paths.environments / capability
-    return stage_key("train", capability, folder_hash(envs), budget, base_ref, seed)
+    parts: list[Any] = [capability, folder_hash(envs), budget, base_ref, seed]
+    return stage_key("train", *parts, *([rehearsal] if rehearsal else []))
 
 
 def _candidates(settings: config.Settings, chosen: list[str], budget: Budget,
@@ -109,17 +113,23 @@ def train_flow(home: str | None = None, capabilities: list[str] | None = None, b
     registry.configure(settings.paths)
     lineage = dict(lineage or current_lineage(settings.paths, base_model))
     planning = config.train_planning(settings)
+    # What each adapter rehearses is drawn before planning: it is part of the adapter's cache key.
+    logged = rehearsal_logs(settings)
+    draws = {c: rehearsal_draw(settings, c, logged, seed) for c in chosen}
     generic = generic and planning.generic_share > 0
     # Tonight's plan within train.time_budget (reference steps); a budget that trains nothing fails here.
     costs = StepCostCache(settings.paths, base_model, resolved, seed)
-    matches = {c: schedule_match(settings, c, budget, overrides, base_ref, seed) for c in chosen}
+    matches = {c: schedule_match(settings, c, budget, overrides, base_ref, seed, (draws[c] or {}).get("key"))
+               for c in chosen}
     plan = plan_training(_candidates(settings, chosen, resolved, matches), costs, planning.time_budget,
                          planning.adapter_share if generic else 1.0)
     trained = plan.trained
     schedules = {item.capability: {**overrides, "sft_steps": item.sft_steps, "grpo_steps": item.grpo_steps,
                                    "multi_turn_grpo_steps": item.grpo_steps} for item in trained}
     calls = [{"key": adapter_key(settings, item.capability, resolve_budget(budget, schedules[item.capability])
-                                 .as_dict(), base_ref, seed),
+                                 .as_dict(), base_ref, seed,
+                                 (draws[item.capability] or {}).get("key")),
+              "rehearsal": draws[item.capability],
               "capability": item.capability, "home": home, "budget": budget, "base_model": base_model,
               "lineage": lineage, "parent_run_id": parent_run_id, "seed": seed,
               "budget_overrides": schedules[item.capability], "position": f"{i}/{len(trained)}"}

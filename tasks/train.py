@@ -27,7 +27,14 @@ from traceops.lineage import current_lineage
 from traceops.model.reference import resolve_base_model
 from traceops.progress import StepProgress
 from traceops.results import AdapterResult, GenericResult
-from traceops.tags import TAG_ADAPTER_HASH, TAG_CAPABILITY, TAG_REGISTERED_VERSION, TAG_ROLE, TAG_TRAIN_KEY
+from traceops.tags import (
+    TAG_ADAPTER_HASH,
+    TAG_CAPABILITY,
+    TAG_REGISTERED_VERSION,
+    TAG_REHEARSAL,
+    TAG_ROLE,
+    TAG_TRAIN_KEY,
+)
 from traceops.tasks.cache import CACHED, stage_key
 from traceops.tasks.retry import retry_unless_user_error
 from traceops.tasks.tracking import log_json, stage_run, work_timer
@@ -100,11 +107,12 @@ class StepCostCache:
 
 
 def schedule_match(settings: config.Settings, capability: str, budget: str, overrides: dict[str, Any],
-                   base_ref: str, seed: int) -> str:
+                   base_ref: str, seed: int, rehearsal: str | None = None) -> str:
     """What must be unchanged for a trained adapter to be reused at no cost: its environments' content,
-    the budget as params.yaml names it, the base model, the seed and the code (``stage_key``)."""
+    the budget as params.yaml names it, the base model, the seed, the code (``stage_key``) and what it
+    rehearses (``rehearsal_draw``'s ``key``; None: nothing)."""
     return stage_key("train-plan", capability, folder_hash(settings.paths.environments / capability), budget,
-                     overrides, base_ref, seed)
+                     overrides, base_ref, seed, *([rehearsal] if rehearsal else []))
 
 
 def trained_schedules(paths: config.Paths) -> dict[str, dict[str, Any]]:
@@ -123,6 +131,61 @@ def budget_params(budget: Budget) -> dict[str, Any]:
     return {f"budget.{k}": v for k, v in budget.as_dict().items()}
 
 
+def rehearsal_logs(settings: config.Settings) -> list[Any]:
+    """The curated logged runs rehearsal may draw from: succeeded ones (the held-out split and the
+    domain are applied per capability by ``rehearsal_draw``); none when ``train.rehearsal_share`` is 0."""
+    from traceops.store import load_trajectories
+
+    if config.rehearsal_share(settings) == 0:
+        return []
+    return [t for t in load_trajectories(settings.paths) if t.outcome.succeeded]
+
+
+def rehearsal_draw(settings: config.Settings, capability: str, logged: list[Any],
+                   seed: int) -> dict[str, Any] | None:
+    """What ``capability``'s adapter rehearses (``traceops.train.rehearsal``): ``{"share", "ids",
+    "available", "key"}`` from ``logged`` (``rehearsal_logs``), limited to the train side of
+    ``evaluate.requests``' held-out split and to the domain its environments were grounded in; None
+    when nothing is drawn (share 0, or no eligible logged success)."""
+    from traceops.envs.folder import read_manifest
+    from traceops.heldout import RequestParams
+    from traceops.train.data import load_environment_set
+    from traceops.train.rehearsal import draw_rehearsal, drawn_key, eligible_trajectories
+
+    share = config.rehearsal_share(settings)
+    if share == 0 or not logged:
+        return None
+    envs = settings.paths.environments / capability
+    manifest = read_manifest(envs, "the folder is not a synthesized environment set")
+    domain = ((manifest.get("grounding") or {}) if isinstance(manifest, dict) else {}).get("domain")
+    held = RequestParams.from_params(settings.stage("evaluate").get("requests"))
+    eligible = eligible_trajectories(logged, held.seed, held.heldout_fraction, [domain] if domain else None)
+    picked = draw_rehearsal(eligible, share, len(load_environment_set(envs, capability).tasks("train")), seed)
+    if not picked:
+        return None
+    return {"share": share, "ids": [t.id for t in picked], "available": len(eligible),
+            "key": drawn_key(picked, share)}
+
+
+def _rehearsal(paths: config.Paths, draw: dict[str, Any] | None, base_dir: Path, budget: Budget) -> Any:
+    """The drawn runs rendered as SFT rows with the base's tokenizer (None without a draw); a drawn run
+    missing from the store (ingest rewrote it since the plan) is an error, not a smaller rehearsal."""
+    from traceops.errors import StageError
+    from traceops.model.chat_template import load_tokenizer
+    from traceops.store import load_trajectories
+    from traceops.train.rehearsal import build_rehearsal
+
+    if not draw:
+        return None
+    found = {t.id: t for t in load_trajectories(paths, ids=draw["ids"])}
+    missing = [i for i in draw["ids"] if i not in found]
+    if missing:
+        raise StageError(f"train: rehearsal runs {missing[:3]} are no longer in {paths.curated}; run the "
+                         "train stage again so it draws from the current logs")
+    return build_rehearsal([found[i] for i in draw["ids"]], float(draw["share"]), int(draw["available"]),
+                           load_tokenizer(str(base_dir)), budget.sft_max_length)
+
+
 def _publish(src: Path, dst: Path) -> Path:
     """Copy a finished adapter folder to its published place, whole or not at all."""
     with atomic_folder(dst) as tmp:
@@ -131,7 +194,7 @@ def _publish(src: Path, dst: Path) -> Path:
 
 
 def _register_adapter(paths: config.Paths, folder: Path, capability: str, lineage: dict[str, str],
-                      base_model: str) -> dict[str, str]:
+                      base_model: str, extra_tags: dict[str, str] | None = None) -> dict[str, str]:
     """Register ``folder`` as a version of ``traceops.adapter.<capability>`` unless a version with the same
     adapter content hash exists; returns {"name", "version", "run_id", "adapter_hash", "reused"}."""
     from traceops.mlflow_models.registration import register_adapter, register_once
@@ -140,7 +203,8 @@ def _register_adapter(paths: config.Paths, folder: Path, capability: str, lineag
     registry.configure(paths)
     ref, reused = register_once(
         registry.adapter_model_name(capability), TAG_ADAPTER_HASH, adapter_hash,
-        lambda tags: register_adapter(folder, capability, lineage, base_model=base_model, extra_tags=tags))
+        lambda tags: register_adapter(folder, capability, lineage, base_model=base_model,
+                                      extra_tags={**tags, **(extra_tags or {})}))
     return {"name": ref.name, "version": str(ref.version), "run_id": ref.run_id, "adapter_hash": adapter_hash,
             "reused": str(reused).lower()}
 
@@ -224,8 +288,13 @@ def generic_outputs_exist(result: GenericResult) -> bool:
 def train_task(key: str, capability: str, home: str | None = None, budget: str = "small",
                base_model: str = "embedded", lineage: dict[str, str] | None = None,
                parent_run_id: str | None = None, seed: int = 0,
-               budget_overrides: dict[str, Any] | None = None, position: str = "") -> AdapterResult:
+               budget_overrides: dict[str, Any] | None = None, position: str = "",
+               rehearsal: dict[str, Any] | None = None) -> AdapterResult:
     """Train, track and register one capability's adapter; resumes a killed attempt from its checkpoint.
+
+    ``rehearsal`` (``rehearsal_draw``'s result, part of ``key``): the logged successes mixed into its SFT
+    rows; the run's params, ``train/rehearsal.json`` and the version's ``traceops.rehearsal`` tag (the
+    rows' hash) record which.
 
     ``key`` (the capability's environments folder hash, budget, base model, seed) is the cache key, so
     new logs that change one capability's environments retrain only that adapter. Each step's loss or
@@ -245,7 +314,10 @@ def train_task(key: str, capability: str, home: str | None = None, budget: str =
     base_dir, base_ref = resolve_base_model(base_model)
     lineage = dict(lineage or current_lineage(paths, base_model))
     chosen = resolve_budget(budget, budget_overrides)
-    params = {"capability": capability, "base_model_ref": base_ref, "seed": seed, **budget_params(chosen)}
+    rehearsed = _rehearsal(paths, rehearsal, base_dir, chosen)
+    params = {"capability": capability, "base_model_ref": base_ref, "seed": seed, **budget_params(chosen),
+              "rehearsal.share": rehearsed.share if rehearsed else 0,
+              "rehearsal.rows": len(rehearsed.rows) if rehearsed else 0}
     with stage_run(settings, "train", parent_run_id, params=params) as run:
         run_id = run.info.run_id
         mlflow.set_tags({TAG_CAPABILITY: capability, TAG_TRAIN_KEY: key, TAG_ROLE: "adapter",
@@ -255,13 +327,17 @@ def train_task(key: str, capability: str, home: str | None = None, budget: str =
                                    {"sft": chosen.sft_steps, "grpo": chosen.grpo_steps})
         with work_timer():
             result = train_adapter(capability, envs, base_dir, work_dir(paths, capability), chosen, seed=seed,
-                                   resume=True, on_log=on_log)
+                                   resume=True, on_log=on_log, rehearsal=rehearsed)
+        rehearsal_tags = {TAG_REHEARSAL: rehearsed.content_hash} if rehearsed else {}
+        if rehearsed:
+            mlflow.set_tags(rehearsal_tags)
+            log_json(rehearsed.identity(), "train/rehearsal.json")
         _log_curves(result, logged)
         log_json({**result.config, "resumed_from": result.resumed_from,
                   "abandoned_runs": abandoned}, "train/config.json")
         folder = _publish(Path(result.adapter_path), adapter_dir(paths, capability))
         mlflow.set_tag(TAG_ADAPTER_HASH, folder_hash(folder))
-        ref = _register_adapter(paths, folder, capability, lineage, base_model)
+        ref = _register_adapter(paths, folder, capability, lineage, base_model, rehearsal_tags)
         mlflow.set_tag(TAG_REGISTERED_VERSION, ref["version"])
     return AdapterResult(
         capability=capability, model_name=ref["name"], model_version=ref["version"],

@@ -169,3 +169,23 @@ def train_planning(settings: Settings) -> TrainPlanning:
         raise ConfigError(f"{where}: train.generic_share is {share!r}; write a fraction of train.time_budget "
                           f"in [0, 1) (default {GENERIC_SHARE})")
     return TrainPlanning(time_budget=float(budget), generic=generic, generic_share=float(share))
+
+
+# Default train.rehearsal_share: the share of each adapter's SFT rows that are the agent's own logged
+# successes (traceops/train/rehearsal.py). At budget small an adapter sees 32 SFT rows a night, so 0.25 puts
+# about 8 logged successes beside 24 environment demonstrations (the draw alternates reply kinds, so a rare
+# kind is in the pool: the measured retail logs' 116 train-side successes hold 12 declines, all drawn); less
+# would leave a night with one or two, more costs time (a logged retail prompt is ~2,400 tokens, an
+# environment row ~600) and crowds out the capability the adapter is trained for. Continual-learning
+# practice mixes 10-50% replay.
+REHEARSAL_SHARE = 0.25
+
+
+def rehearsal_share(settings: Settings) -> float:
+    """params.yaml ``train.rehearsal_share``, validated: a fraction in [0, 1) (0 turns rehearsal off)."""
+    share = settings.stage("train").get("rehearsal_share", REHEARSAL_SHARE)
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
+        raise ConfigError(f"{settings.paths.home / 'params.yaml'}: train.rehearsal_share is {share!r}; write "
+                          "the share of each adapter's SFT rows drawn from the agent's logged successes, in "
+                          f"[0, 1) (0: none; default {REHEARSAL_SHARE})")
+    return float(share)

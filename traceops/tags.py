@@ -30,6 +30,7 @@ TAG_RAW_FILES = "traceops.raw_files_sha256"       # ingest: hash of the raw-file
 TAG_TRAIN_KEY = "traceops.train_key"              # train: the task's cache key (finds abandoned attempts)
 TAG_ROLE = "traceops.role"                        # train: adapter or generic
 TAG_REGISTERED_VERSION = "traceops.registered_version"  # train: the adapter version it registered
+TAG_REHEARSAL = "traceops.rehearsal"              # train: hash of the logged successes an adapter rehearsed
 TAG_REUSED_RUN = "traceops.reused_run"            # route: the run whose registered fit was reused
 TAG_DECISION = "traceops.decision"                # promote: the alias the candidate got
 TAG_CANDIDATE = "traceops.candidate"              # promote: <model name>/<version> decided on

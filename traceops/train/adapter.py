@@ -12,7 +12,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from traceops.train.data import (
     sft_rows,
 )
 from traceops.train.grpo import multi_turn_budget
+from traceops.train.rehearsal import Rehearsal
 
 LogCallback = Callable[[str, int, dict[str, float]], None]
 
@@ -191,8 +192,13 @@ def prepare_training(base_model_dir: str | Path, out_dir: str | Path, budget: Bu
 
 def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | Path, out_dir: str | Path,
                   budget: str | Budget = "small", seed: int = 0, resume: bool = True,
-                  on_log: LogCallback | None = None, settings: AdapterSettings | None = None) -> TrainResult:
+                  on_log: LogCallback | None = None, settings: AdapterSettings | None = None,
+                  rehearsal: Rehearsal | None = None) -> TrainResult:
     """Train ``capability``'s adapter into ``out_dir/adapter`` (PEFT format) and evaluate it.
+
+    ``rehearsal`` (``traceops.train.rehearsal``): logged successes mixed into the SFT rows; its identity
+    joins the config (and so the resume key), and SFT rows are lengthened to its longest row rather than
+    cut inside a logged prompt.
 
     ``on_log(phase, step, logs)`` receives every trainer log line (phase ``sft`` or ``grpo``).
     Val/test success is greedy multi-turn rollouts scored by the environment verifier, before (base
@@ -204,6 +210,9 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
     started = time.perf_counter()
     settings = settings or AdapterSettings()
     chosen = get_budget(budget)
+    rehearsed = rehearsal.rows if rehearsal is not None else []
+    if rehearsal is not None and rehearsal.max_tokens > chosen.sft_max_length:
+        chosen = replace(chosen, sft_max_length=rehearsal.max_tokens)
     env_set = load_environment_set(envs_dir, capability)
     base_dir, out, tokenizer = prepare_training(base_model_dir, out_dir, chosen, settings, seed)
     multi_turn = is_multi_turn(env_set)
@@ -213,6 +222,8 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
         "tasks": {split: len(env_set.tasks(split)) for split in ("train", "val", "test")},
         "environments": env_set.source,
     }
+    if rehearsal is not None and rehearsed:
+        config["rehearsal"] = rehearsal.identity()
     rollout = multi_turn_budget(env_set, tokenizer, chosen) if multi_turn else chosen
     config["grpo_rollout"] = {"max_turns": rollout.max_turns,
                               "max_completion_length": rollout.max_completion_length,
@@ -242,8 +253,9 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
         from traceops.train.sft import build_sft_trainer
 
         tick = time.perf_counter()
-        trainer = build_sft_trainer(model, tokenizer, sft_rows(env_set), chosen, ckpt.phase_dir(out, "sft"),
-                                    seed, settings, callbacks=[_log_callback("sft", on_log)])
+        trainer = build_sft_trainer(model, tokenizer, sft_rows(env_set, rehearsed), chosen,
+                                    ckpt.phase_dir(out, "sft"), seed, settings,
+                                    callbacks=[_log_callback("sft", on_log)])
         resumed["sft"] = run_phase(trainer, out, "sft", resume)
         logs["sft"] = trainer.state.log_history
         ckpt.save_adapter(trainer.model, tokenizer, sft_dir)

@@ -15,6 +15,7 @@ by the same parser; tool results are ``tool`` messages.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,11 +104,14 @@ def oracle_turns(env: Environment, task: dict[str, Any]) -> int:
     return len(env.oracle())
 
 
-def sft_rows(env_set: EnvironmentSet) -> list[dict[str, str | list[dict[str, str]]]]:
+def sft_rows(env_set: EnvironmentSet, rehearsal: Sequence[dict[str, Any]] = ()
+             ) -> list[dict[str, str | list[dict[str, str]]]]:
     """SFT rows ``{"messages", "tools"}`` (tools as a JSON string) from the oracle on every train task; the
-    tools are read after the task's reset, so tasks that bring their own tools show exactly those."""
+    tools are read after the task's reset, so tasks that bring their own tools show exactly those. The
+    ``rehearsal`` rows (``train.rehearsal``: the agent's logged successes, same shape) follow them; the
+    trainer shuffles the mix."""
     env = env_set.factory()
-    return [sft_row(env, task) for task in env_set.tasks("train")]
+    return [sft_row(env, task) for task in env_set.tasks("train")] + list(rehearsal)
 
 
 def sft_row(env: Environment, task: dict[str, Any]) -> dict[str, str | list[dict[str, str]]]:
