@@ -60,7 +60,10 @@ def test_rewrites_are_kept_only_when_every_value_survives(tmp_path, writer_url):
     assert result.passed
     manifest = json.loads((tmp_path / "tool_selection" / "manifest.json").read_text())
     stats = manifest["rewrites"]
-    assert stats["writer"] == url and stats["asked"] == 24
+    asked = [json.loads(line) for split in ("train", "val", "test")
+             for line in (tmp_path / "tool_selection" / f"{split}.jsonl").read_text().splitlines()]
+    # every request with a gold call is sent to the writer; those no offered tool serves keep their text
+    assert stats["writer"] == url and stats["asked"] == sum(bool(t["gold"]["calls"]) for t in asked) >= 16
     assert stats["kept"] > 0 and stats["kept"] + sum(stats["kept_offline"].values()) == stats["asked"]
     assert stats["kept_offline"].get("value missing", 0) > 0
     assert stats["kept_offline"].get("names a tool or parameter", 0) > 0

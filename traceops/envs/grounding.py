@@ -44,7 +44,8 @@ class Grounding:
     ``inferred`` (from observed calls only) or ``default`` (no tools at all: built-in defaults).
     ``system_prompts`` (native interface only): per logged tool set, ``{"tools": [sorted names],
     "content": the most common system message of its requests ("" when most had none), "requests"}``;
-    empty when no logged request of the domain has a system message.
+    empty when no logged request of the domain has a system message. ``requests``: how many logged
+    requests were answered (the denominator of ``no_call_replies`` and ``max_parallel``).
     """
 
     source: str
@@ -60,6 +61,7 @@ class Grounding:
     max_parallel: int = 1
     no_call_replies: int = 0
     system_prompts: tuple[dict[str, Any], ...] = ()
+    requests: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able view (observed values are summarized by count: they are evaluation data)."""
@@ -79,6 +81,8 @@ class Grounding:
         }
         if self.system_prompts:  # absent when none was logged: such groundings keep their earlier hash
             out["system_prompts"] = [dict(p) for p in self.system_prompts]
+        if self.interface == "native":  # catalog groundings keep their earlier hash
+            out["requests"] = self.requests
         return out
 
     @property
@@ -318,7 +322,7 @@ def build_grounding(
     if interface is not None and interface not in INTERFACES:
         raise GroundingError(f"interface must be one of {list(INTERFACES)}, got {interface!r}")
     templates: dict[str, list[dict[str, Any]]] = {}
-    max_parallel, no_call = 1, 0
+    max_parallel, no_call, answered = 1, 0, 0
     schemas: dict[str, dict[str, Any]] = {}
     examples: dict[tuple[str, str], list[Any]] = {}
     observed_types: dict[tuple[str, str], str] = {}
@@ -367,6 +371,7 @@ def build_grounding(
         if first_calls is None:
             continue
         max_parallel = max(max_parallel, len(first_calls))
+        answered += 1
         no_call += int(not first_calls and not trajectory.outcome.failed)
         if len(first_calls) == 1 and request and not trajectory.outcome.failed:
             mined = mine_template(request, first_calls[0].arguments)
@@ -446,6 +451,7 @@ def build_grounding(
         templates={k: tuple(v) for k, v in sorted(templates.items()) if v and k in names},
         max_parallel=max_parallel,
         no_call_replies=no_call,
+        requests=answered,
         # Catalog families prompt with their own instructions: only native tasks carry the logged prompt.
         system_prompts=mine_system_prompts(phrasing_from if phrasing_from is not None else trajectories)
         if interface == "native" else (),

@@ -178,6 +178,34 @@ def compose(rng: random.Random, tool: Mapping[str, Any], arguments: Mapping[str,
                                  details=details).split())
 
 
+MANY_FRAMES = (
+    "Could you {intent} for each of these {n} cases? {details}",
+    "I need to {intent} {n} times. {details}",
+    "Please {intent} for the following. {details}",
+    "{details} Can you {intent} for each of them?",
+)
+_ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth")
+
+
+def compose_many(rng: random.Random, tool: Mapping[str, Any], cases: Sequence[Mapping[str, Any]],
+                 parameters: Mapping[str, Any]) -> str:
+    """One request asking the same tool for several cases (one call each): the intent once, then each
+    case's values in prose ("In the first case, the weight is 75 and the height is 180. ...")."""
+    props = parameters.get("properties") if isinstance(parameters.get("properties"), dict) else {}
+    sentences = []
+    for index, arguments in enumerate(cases):
+        clauses = [detail(k, v, props.get(k) or {}) for k, v in sorted(arguments.items())]
+        if not clauses:
+            raise ValueError("compose_many needs arguments in every case: cases of a call without any "
+                             "are one call")
+        body = clauses[0] if len(clauses) == 1 else ", ".join(clauses[:-1]) + f" and {clauses[-1]}"
+        sentences.append(f"In the {_ORDINALS[min(index, len(_ORDINALS) - 1)]} case, {body}.")
+    frame = rng.choice(MANY_FRAMES)
+    text = frame.format(intent=intent(str(tool.get("description") or ""), tool["name"]), n=len(cases),
+                        details=" ".join(sentences))
+    return _sentence(" ".join(text.split()))
+
+
 def request_for(rng: random.Random, tool: Mapping[str, Any], arguments: Mapping[str, Any],
                 parameters: Mapping[str, Any], templates: Sequence[Mapping[str, Any]]) -> str:
     """A mined template of this tool that covers exactly these arguments when there is one, else prose."""

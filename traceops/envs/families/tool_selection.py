@@ -4,9 +4,9 @@ The request paraphrases the target's description (never its name) and states the
 Level 1: 2 APIs; level 2: 4; level 3: 8, including near-miss variants of the target (same arguments,
 another verb) listed before it.
 
-Native tasks (``traceops.envs.native``) offer the logged tools (2, 4, then up to 8, distractors drawn
-from the same logs only) and state the values in prose; at level 3, when the logs show replies with
-several calls, the request needs two different tools in one reply.
+Native tasks (``traceops.envs.native.selection_task``) offer the logged tools (1 or 2, 4, then up to 8,
+distractors drawn from the same logs only) and state the values in prose, optional ones included at
+times; some ask one tool for several cases, some ask what no offered tool does (no call is right).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from traceops.envs.apis import (
 )
 from traceops.envs.family import Family, opening
 from traceops.envs.grounding import Grounding, ValueFactory
-from traceops.envs.native import call_task
+from traceops.envs.native import selection_task
 
 CATALOG_SIZE = {1: 2, 2: 4, 3: 8}
 
@@ -53,8 +53,7 @@ class ToolSelectionFamily(Family):
     ) -> dict[str, Any]:
         size = CATALOG_SIZE[min(level, 3)]
         if grounding.interface == "native":
-            several = level >= 3 and grounding.max_parallel > 1 and len(grounding.tools) > 1
-            return call_task(rng, values, grounding, offered=size, calls=2 if several else 1, distinct=True)
+            return selection_task(rng, values, grounding, level=level, offered=size)
         target = api_view(rng.choice(list(grounding.tools)))
         distractors = distractor_apis(grounding, target, rng, size - 1)
         if level >= 3:
