@@ -321,6 +321,9 @@ def test_route_config_defaults_are_the_nightly_settings_with_help_for_every_fiel
         "z_weight", "heldout_fraction", "seed", "probe_steps", "probe_tokens", "probe_max_length",
         "decision_weight"))
     assert RouteConfig(train_examples=None).train_examples is None
+    # A request-mode composite decides on base-only block inputs: its probes read those alone.
+    assert fit.probe_routings == ("base",)
+    assert RouteConfig(mode="token").fit_config().probe_routings == ("own", "base")
 
 
 @pytest.mark.parametrize(("settings", "message"), [

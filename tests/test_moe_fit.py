@@ -218,3 +218,32 @@ def test_fit_supervises_the_request_decision_on_whole_prompts(setup):
     ids = torch.tensor([list(ids["input_ids"] if hasattr(ids, "keys") else ids)])
     gate = moe.request_gates(ids)
     assert moe.experts[int(gate[0].argmax())] == "refusal"
+
+
+@pytest.mark.parametrize("routing", ["own", "base"])
+def test_probe_runs_a_shared_start_once_with_the_samples_of_whole_rows(setup, routing):
+    from traceops.moe.fit import _probe_batches, _route_forward
+    from traceops.moe.probe import collect_block_inputs, shared_start
+
+    tokenizer, base, dirs, _ = setup
+    moe = build_moe(copy.deepcopy(base), dirs, top_k=1, mode="request")
+    chats = {0: shared_prefix_chats(WORDS_A, 5, 0), 1: shared_prefix_chats(WORDS_B, 5, 1)}
+    items = [_encode(tokenizer, chat, expert, 512, f"{expert}[{i}]")
+             for expert, rows in chats.items() for i, chat in enumerate(rows)]
+    batches = _probe_batches(items, tokenizer.pad_token_id, 4, moe.device)
+    # One capability per batch: the 40-word system prompt and the template around it are shared.
+    assert [int(b["target"].unique().numel()) for b in batches] == [1] * 4
+    assert all(shared_start(b, routing, moe.model) > 40 for b in batches)
+    mixed = _batch(items[3:7], tokenizer.pad_token_id, moe.device)
+    # Rows of two experts share the system prompt, but not the gate their start would run under.
+    assert shared_start(mixed, "own", moe.model) == 0 and shared_start(mixed, "base", moe.model) > 40
+    whole, shared = (collect_block_inputs(moe, batches + [mixed], _route_forward, 16, (routing,), seed=3,
+                                          share_start=share) for share in (False, True))
+    assert torch.equal(whole.targets, shared.targets) and whole.count == 10 * 16 + 4 * 16
+    for layer, features in whole.features.items():
+        torch.testing.assert_close(shared.features[layer], features, rtol=1e-4, atol=1e-4)
+    if routing == "base":  # the decision prompts' means read the start too
+        assert whole.decisions is not None and shared.decisions is not None
+        assert torch.equal(whole.decisions.targets, shared.decisions.targets)
+        for layer, features in whole.decisions.features.items():
+            torch.testing.assert_close(shared.decisions.features[layer], features, rtol=1e-4, atol=1e-4)

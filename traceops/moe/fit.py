@@ -262,11 +262,14 @@ def _routed_lm_loss(moe: MoEModel, batch: dict[str, torch.Tensor]) -> torch.Tens
     return losses / keep.sum().clamp_min(1)
 
 
-def _route_forward(moe: MoEModel, batch: dict[str, torch.Tensor]) -> None:
-    """Forward for the routers only (their logits are collected by the caller): no vocabulary projection."""
+def _route_forward(moe: MoEModel, batch: dict[str, Any]) -> None:
+    """Forward for the routers only (their logits are collected by the caller): no vocabulary projection.
+    A batch's ``cache`` (the keys and values of a start its rows share) is read and extended."""
     parts = _split_head(moe.model)
     runner = parts[0] if parts is not None else moe
-    runner(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+    cache = batch.get("cache")
+    extra = {"cache": cache, "use_cache": True} if cache is not None else {"use_cache": False}
+    runner(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **extra)
 
 
 def _lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -417,10 +420,7 @@ def _probe_phase(moe: MoEModel, train: list[_Encoded], pad_id: int, config: FitC
                  on_step: StepCallback | None = None) -> dict[str, Any]:
     """Fit every router as a probe on teacher-forced block inputs of the whole training examples."""
     tick = time.perf_counter()
-    # Similar lengths batched together: less padding in the forward passes.
-    ordered = sorted(train, key=lambda item: len(item.input_ids))
-    step = config.probe_batch_size
-    batches = [_batch(ordered[i:i + step], pad_id, moe.device) for i in range(0, len(ordered), step)]
+    batches = _probe_batches(train, pad_id, config.probe_batch_size, moe.device)
     samples = collect_block_inputs(moe, batches, _route_forward, config.probe_tokens,
                                    config.probe_routings, config.seed)
     def on_router(done: int, total: int, loss: float) -> None:
@@ -433,16 +433,25 @@ def _probe_phase(moe: MoEModel, train: list[_Encoded], pad_id: int, config: FitC
             "seconds": time.perf_counter() - tick, "decisions": samples.decisions}
 
 
+def _probe_batches(items: list[_Encoded], pad_id: int, size: int,
+                   device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """Batches of ``size`` for the forward-only passes: one capability per batch (its demonstrations share
+    a long start, which the probe then runs once) and similar lengths together (less padding)."""
+    batches = []
+    for expert in sorted({item.expert for item in items}):
+        ordered = sorted((item for item in items if item.expert == expert), key=lambda i: len(i.input_ids))
+        batches += [_batch(ordered[i:i + size], pad_id, device) for i in range(0, len(ordered), size)]
+    return batches
+
+
 def _decision_samples(moe: MoEModel, items: list[_Encoded], pad_id: int,
                       config: FitConfig) -> DecisionSamples | None:
     """The decision prompts' pooled block inputs of ``items`` (one base-only pass over the conversations
     that have them); None when none has."""
-    with_prompts = sorted((item for item in items if item.decision_ends), key=lambda i: len(i.input_ids))
+    with_prompts = [item for item in items if item.decision_ends]
     if not with_prompts:
         return None
-    step = config.probe_batch_size
-    batches = [_batch(with_prompts[i:i + step], pad_id, moe.device)
-               for i in range(0, len(with_prompts), step)]
+    batches = _probe_batches(with_prompts, pad_id, config.probe_batch_size, moe.device)
     return collect_block_inputs(moe, batches, _route_forward, 0, ("base",), config.seed).decisions
 
 

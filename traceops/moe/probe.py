@@ -15,10 +15,16 @@ falls to the tokens that differ (the user turn, the tool results, the answers).
 The base-routing pass also reads each demonstration's decision prompts (``traceops.moe.decision``): a
 batch with ``decision_ends`` gets their prompt-mean block inputs, and the probes fit the request-mode
 decision on them too, since that pooled mean is what a request-mode composite decides on.
+
+Demonstrations of one capability share a long start (system prompt, tool schemas, often the user's
+opening: 290 to 790 of their 490 to 1,440 tokens on the retail sample). A batch whose rows share at least
+``MIN_SHARED_TOKENS`` runs that start once at batch 1, keeps its keys and values, and runs each row's own
+tokens behind it: the same block inputs for about half the forward cost.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +38,8 @@ from traceops.moe.model import MoEModel
 from traceops.moe.router import router_z_loss
 
 ROUTINGS = ("own", "base")
+# A shared start shorter than this is run with each row: the extra forward call would cost more.
+MIN_SHARED_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -68,15 +76,66 @@ def _positions(mask: torch.Tensor, per_row: int, generator: torch.Generator) -> 
     return picks
 
 
+def shared_start(batch: dict[str, torch.Tensor], routing: str, model: torch.nn.Module) -> int:
+    """How many leading tokens every row of a right-padded ``batch`` shares and can run once (0: none
+    worth it). Each row keeps one token of its own; under ``own`` routing the rows must also share their
+    expert (the start runs under one forced gate), and the model's cache must be plain full attention
+    (a prefix's keys and values are then valid for any continuation)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    lengths = batch["attention_mask"].sum(dim=1).tolist()
+    if routing == "own" and bool((batch["target"] != batch["target"][0]).any()):
+        return 0
+    rows = [ids[:n].tolist() for ids, n in zip(batch["input_ids"], lengths, strict=True)]
+    shared = min(len(os.path.commonprefix(rows)), min(lengths) - 1)
+    if shared < MIN_SHARED_TOKENS:
+        return 0
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except Exception:  # noqa: BLE001 - a config transformers cannot type: run the rows whole
+        return 0
+    return shared if layers and all(type(layer) is DynamicLayer for layer in layers) else 0
+
+
+def _forward(moe: MoEModel, batch: dict[str, torch.Tensor], forced: torch.Tensor,
+             run: Callable[[MoEModel, dict[str, torch.Tensor]], None], shared: int,
+             current: dict[str, Any]) -> None:
+    """Forward ``batch`` under the ``forced`` gate ``[B, 1, E]``: whole, or (``shared`` > 0) its shared
+    start once at batch 1 (``current["phase"]`` "start": the hooks keep its block inputs), then the rows'
+    own tokens behind the start's keys and values (the hooks put the start back in front)."""
+    if not shared:
+        with moe.forced(forced):
+            run(moe, batch)
+        return
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=moe.model.config)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    current["phase"] = "start"
+    try:
+        with moe.forced(forced[:1]):
+            run(moe, {"input_ids": ids[:1, :shared], "attention_mask": mask[:1, :shared], "cache": cache})
+        cache.batch_repeat_interleave(ids.shape[0])
+        current["phase"] = "rows"
+        with moe.forced(forced):
+            run(moe, {"input_ids": ids[:, shared:], "attention_mask": mask, "cache": cache})
+    finally:
+        current["phase"], current["start"] = "rows", {}
+
+
 def collect_block_inputs(moe: MoEModel, batches: Sequence[dict[str, torch.Tensor]],
                          run: Callable[[MoEModel, dict[str, torch.Tensor]], None], per_row: int,
-                         routings: Sequence[str] = ROUTINGS, seed: int = 0) -> ProbeSamples:
+                         routings: Sequence[str] = ROUTINGS, seed: int = 0,
+                         share_start: bool = True) -> ProbeSamples:
     """Forward every batch (``input_ids``, ``attention_mask``, ``target``) once per routing in ``routings``
     (``own``: each row forced to its ``target`` expert; ``base``: no expert) and keep the input of every
     routed block at up to ``per_row`` random real positions of each row. ``run`` does the forward (the
-    decoder alone is enough: only block inputs are read). Under ``base`` routing a batch's
-    ``decision_ends`` (``[B, D]`` prompt lengths, 0 padding), when it has them, also give the prompt-mean
-    inputs of ``ProbeSamples.decisions``; ``per_row`` 0 collects those alone."""
+    decoder alone is enough: only block inputs are read); it passes a batch's ``cache``, when there is
+    one, to the model. Under ``base`` routing a batch's ``decision_ends`` (``[B, D]`` prompt lengths, 0
+    padding), when it has them, also give the prompt-mean inputs of ``ProbeSamples.decisions``;
+    ``per_row`` 0 collects those alone. ``share_start``: rows that share a start run it once
+    (``shared_start``), with the same samples as whole rows give, to float rounding."""
     unknown = sorted(set(routings) - set(ROUTINGS))
     if unknown or not routings:
         raise ConfigError(f"probe routings must be a non-empty subset of {ROUTINGS}, got {list(routings)}")
@@ -86,11 +145,17 @@ def collect_block_inputs(moe: MoEModel, batches: Sequence[dict[str, torch.Tensor
     pooled: dict[int, list[torch.Tensor]] = {i: [] for i in index.values()}
     targets: list[torch.Tensor] = []
     pooled_targets: list[torch.Tensor] = []
-    current: dict[str, Any] = {}
+    current: dict[str, Any] = {"phase": "rows", "start": {}}
 
     def capture(layer: int) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             hidden = args[0] if args else kwargs["hidden_states"]
+            if current["phase"] == "start":
+                current["start"][layer] = hidden.detach()
+                return
+            start = current["start"].get(layer)
+            if start is not None:  # the rows ran behind a shared start: put its inputs back in front
+                hidden = torch.cat([start.expand(hidden.shape[0], -1, -1), hidden.detach()], dim=1)
             rows = [hidden[row, pos].detach().float().cpu() for row, pos in enumerate(current["positions"])]
             features[layer].append(torch.cat(rows))
             if current["ends"] is not None:
@@ -107,8 +172,9 @@ def collect_block_inputs(moe: MoEModel, batches: Sequence[dict[str, torch.Tensor
                     current["ends"] = batch.get("decision_ends") if routing == "base" else None
                     if current["ends"] is not None:
                         pooled_targets.append(prompt_targets(batch["target"], current["ends"]))
-                    with moe.forced(_forced_rows(batch, moe.config.num_experts, routing)):
-                        run(moe, batch)
+                    shared = shared_start(batch, routing, moe.model) if share_start else 0
+                    _forward(moe, batch, _forced_rows(batch, moe.config.num_experts, routing), run, shared,
+                             current)
                     targets.append(torch.cat([batch["target"][row].cpu().repeat(pos.numel())
                                               for row, pos in enumerate(current["positions"])]))
     finally:
@@ -161,4 +227,5 @@ def fit_probes(moe: MoEModel, samples: ProbeSamples, steps: int, learning_rate: 
     return accuracy
 
 
-__all__ = ["ROUTINGS", "ProbeSamples", "collect_block_inputs", "fit_probes"]
+__all__ = ["MIN_SHARED_TOKENS", "ROUTINGS", "ProbeSamples", "collect_block_inputs", "fit_probes",
+           "shared_start"]

@@ -17,6 +17,7 @@ from typing import Any, get_args, get_type_hints
 
 from traceops.errors import ConfigError
 from traceops.moe.fit import FitConfig
+from traceops.moe.probe import ROUTINGS
 from traceops.moe.router import MODES
 
 # The fit settings a route run chooses: FitConfig's fields without a default (the others are the fitter's
@@ -122,8 +123,12 @@ class RouteConfig:
         return asdict(self)
 
     def fit_config(self) -> FitConfig:
-        """The router fit's settings (``fit_router``)."""
-        return FitConfig(**{name: getattr(self, name) for name in _FIT_FIELDS})
+        """The router fit's settings (``fit_router``). A request-mode composite decides from a base-only
+        pass over the prompt, so its probes read block inputs under base routing alone: the states under
+        each expert (a token-mode composite's) would cost a second forward pass of every demonstration
+        for inputs its routers never see."""
+        routings = ("base",) if self.mode == "request" else ROUTINGS
+        return FitConfig(**{name: getattr(self, name) for name in _FIT_FIELDS}, probe_routings=routings)
 
 
 def _problem(spec: Field[Any], value: Any) -> str | None:
