@@ -120,7 +120,19 @@ def test_only_the_capabilities_with_an_adapter_tonight_are_scored() -> None:
              RoleSpec("composite", "composite", "/c")]
     scored, skipped = scored_capabilities(specs, ["a", "b", "c"], {"b": "does not fit the time budget"})
     assert scored == ["a"]
-    assert skipped == {"b": "not evaluated: no adapter tonight (does not fit the time budget)",
-                       "c": "not evaluated: no adapter tonight (not trained)"}
+    assert skipped == {"b": "no adapter tonight (does not fit the time budget)",
+                       "c": "no adapter tonight (not trained)"}
     # No adapter at all (the base alone, or a composite from the registry): every environment is scored.
     assert scored_capabilities(specs[:1], ["a", "b"]) == (["a", "b"], {})
+
+
+def test_the_report_lists_what_was_not_evaluated(tmp_path: Path) -> None:
+    from traceops.evaluation.html import render_eval_html
+    from traceops.evaluation.metrics import CapabilityEval, EnvEval
+    from traceops.evaluation.report import EvalReport
+
+    envs = EnvEval(model_id="m", split="test", k=1, trials=1, temperature=0.0, seed=0,
+                   capabilities={"a": CapabilityEval("a", {"t1": [1.0], "t2": [0.0]})})
+    page = render_eval_html({"base": EvalReport("base", "m", envs=envs)}, tmp_path / "report.html",
+                            not_evaluated={"b": "no adapter tonight (over the budget)"}).read_text()
+    assert "Not evaluated: b: no adapter tonight (over the budget)." in page

@@ -191,7 +191,7 @@ def scored_capabilities(specs: Sequence[RoleSpec], available: Sequence[str],
     if not own:
         return list(available), {}
     reasons = dict(not_trained or {})
-    skipped = {c: f"not evaluated: no adapter tonight ({reasons.get(c) or 'not trained'})"
+    skipped = {c: f"no adapter tonight ({reasons.get(c) or 'not trained'})"
                for c in available if c not in own}
     return [c for c in available if c in own], skipped
 
