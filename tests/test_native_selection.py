@@ -119,3 +119,16 @@ def test_numbers_have_the_magnitudes_users_write(grounding):
     assert max(counts) > 100 and min(counts) < 10 and all(isinstance(c, int) for c in counts)
     assert all(a <= 50 for a in amounts) and any(isinstance(a, int) for a in amounts)
     assert any(isinstance(a, float) for a in amounts)  # whole numbers are written as users write them
+
+
+def test_flags_are_stated_as_what_they_switch():
+    from traceops.envs.phrasing import detail, flag_name
+
+    stats = {"type": "boolean", "description": "If true, include match statistics like possession, shots."}
+    assert detail("include_stats", True, stats) == "include match statistics like possession: yes"
+    direct = {"description": "If set to true, only direct flights will be searched."}
+    assert flag_name("direct_flight", direct) == "only direct flights will be searched"
+    assert flag_name("avoid_tolls", {"description": "Option to avoid toll roads. default is False"}) \
+        == "avoid toll roads"
+    assert flag_name("is_24_hours", {"description": "When true"}) == "is 24 hours"  # nothing left: the name
+    assert detail("is_24_hours", False, {}) == "is 24 hours: no"

@@ -146,13 +146,31 @@ def intent(description: str, name: str) -> str:
     return f"{first} {rest}".strip()
 
 
+_FLAG_LEAD = re.compile(
+    r"^(?:optional\s+)?(?:(?:flag|option|parameter)\s+(?:to\s+(?:decide\s+)?|indicating\s+)?)?"
+    r"(?:whether\s+(?:to\s+)?|if\s+(?:set\s+to\s+)?true\b,?\s*|when\s+true\b,?\s*|indicate\s+if\s+you\s+want\s+|"
+    r"if\s+)?", re.IGNORECASE)
+
+
+def flag_name(name: str, schema: Mapping[str, Any]) -> str:
+    """What a boolean parameter switches, in words: its description's clause after "If true," /
+    "Whether to" / "Flag indicating if" ("If true, include match statistics." -> "include match
+    statistics"), else its name spelled out ("include_stats" -> "include stats")."""
+    text = str(schema.get("description") or "").strip()
+    text = re.split(r"[.;(,]|\s-\s", text[_FLAG_LEAD.match(text).end():], maxsplit=1)[0].strip()
+    if not text or len(text.split()) > 8 or _LEFTOVER.search(text) or text.lower() in ("true", "false"):
+        text = re.sub(r"([a-z])([A-Z])", r"\1 \2", name).replace("_", " ").strip()
+    return text[0].lower() + text[1:] if text else name
+
+
 def detail(name: str, value: Any, schema: Mapping[str, Any]) -> str:
-    """One value in prose: "the initial temperature is 295 Kelvin"."""
+    """One value in prose: "the initial temperature is 295 Kelvin"; a flag as what it switches and
+    yes or no ("include match statistics: yes")."""
     spoken = spoken_value(value)
     unit = unit_of(str(schema.get("description") or "")) if isinstance(value, (int, float)) else None
-    what = _spoken_name(name, schema)
     if isinstance(value, bool):
-        return f"{what}: {spoken}"
+        return f"{flag_name(name, schema)}: {spoken}"
+    what = _spoken_name(name, schema)
     return f"the {what} {'are' if isinstance(value, list) and len(value) > 1 else 'is'} {spoken}" + (
         f" {unit}" if unit and not isinstance(value, bool) else "")
 
