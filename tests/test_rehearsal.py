@@ -136,6 +136,26 @@ def test_rows_render_the_served_prompt_and_keep_whole_turns(tiny_model_dir: Path
     assert build_rehearsal([run(1)], 0.25, 9, tokenizer, 100_000).content_hash != record["hash"]
 
 
+def test_sft_rows_lengthen_for_rehearsal_and_checkpoint_when_memory_needs_it(tiny_model_dir: Path) -> None:
+    from dataclasses import replace
+
+    from traceops.train.budgets import BUDGETS, GIB
+    from traceops.train.rehearsal import Rehearsal, sft_budget
+
+    small = BUDGETS["small"]
+    sizes = {"n_params": 134_515_008, "trainable": 4_884_480, "hidden": 576, "layers": 30, "heads": 9,
+             "vocab": 49_152, "eager_attention": 0}  # SmolLM2-135M with LoRA r=16 on all projections
+    long = Rehearsal(share=0.25, rows=[{"messages": [], "tools": "[]"}], tokens=[2452])
+    short = Rehearsal(share=0.25, rows=[{"messages": [], "tools": "[]"}], tokens=[900])
+    assert sft_budget(small, None, sizes) is small and sft_budget(small, short, sizes) is small
+    roomy = sft_budget(small, long, sizes, available=64 * GIB)
+    assert roomy == replace(small, sft_max_length=2452) and not roomy.sft_checkpointing
+    tight = sft_budget(small, long, sizes, available=10 * GIB)  # ~16 GiB without checkpointing, ~7 with
+    assert tight.sft_max_length == 2452 and tight.sft_checkpointing and tight.grpo_steps == small.grpo_steps
+    with pytest.raises(ConfigError, match="GiB"):
+        sft_budget(small, long, sizes, available=2 * GIB)
+
+
 def test_rehearsal_share_is_validated(home: Path) -> None:
     from traceops import config
 
@@ -187,7 +207,8 @@ def test_adapter_rehearses_the_drawn_logs_and_the_key_names_them(home: Path, tin
     result = train_adapter(capability, settings.paths.environments / capability, tiny_model_dir,
                            home / "ckpt", budget, seed=0, rehearsal=rehearsal)
     assert result.config["rehearsal"]["trajectory_ids"] == draw["ids"]
-    assert result.config["budget"]["sft_max_length"] == rehearsal.max_tokens
+    assert result.config["rehearsal"]["sft_max_length"] == rehearsal.max_tokens  # lengthened, for SFT only
+    assert result.config["budget"]["sft_max_length"] == 64
     assert len(result.sft_losses) == 1 and result.sft_losses[0] > 0
     (home / "params.yaml").write_text(yaml.safe_dump({"train": {"rehearsal_share": 0}}))
     off = config.load(home)

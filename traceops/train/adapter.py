@@ -12,7 +12,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from traceops.train.data import (
     sft_rows,
 )
 from traceops.train.grpo import multi_turn_budget
-from traceops.train.rehearsal import Rehearsal
+from traceops.train.rehearsal import Rehearsal, sft_budget
 
 LogCallback = Callable[[str, int, dict[str, float]], None]
 
@@ -197,8 +197,8 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
     """Train ``capability``'s adapter into ``out_dir/adapter`` (PEFT format) and evaluate it.
 
     ``rehearsal`` (``traceops.train.rehearsal``): logged successes mixed into the SFT rows; its identity
-    joins the config (and so the resume key), and SFT rows are lengthened to its longest row rather than
-    cut inside a logged prompt.
+    joins the config (and so the resume key), and SFT (only) runs with ``rehearsal.sft_budget``: rows
+    lengthened to its longest row rather than cut inside a logged prompt.
 
     ``on_log(phase, step, logs)`` receives every trainer log line (phase ``sft`` or ``grpo``).
     Val/test success is greedy multi-turn rollouts scored by the environment verifier, before (base
@@ -211,8 +211,6 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
     settings = settings or AdapterSettings()
     chosen = get_budget(budget)
     rehearsed = rehearsal.rows if rehearsal is not None else []
-    if rehearsal is not None and rehearsal.max_tokens > chosen.sft_max_length:
-        chosen = replace(chosen, sft_max_length=rehearsal.max_tokens)
     env_set = load_environment_set(envs_dir, capability)
     base_dir, out, tokenizer = prepare_training(base_model_dir, out_dir, chosen, settings, seed)
     multi_turn = is_multi_turn(env_set)
@@ -222,8 +220,11 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
         "tasks": {split: len(env_set.tasks(split)) for split in ("train", "val", "test")},
         "environments": env_set.source,
     }
+    sft_chosen = chosen
     if rehearsal is not None and rehearsed:
-        config["rehearsal"] = rehearsal.identity()
+        sft_chosen = sft_budget(chosen, rehearsal, inspect_base(base_dir, settings))
+        config["rehearsal"] = {**rehearsal.identity(), "sft_max_length": sft_chosen.sft_max_length,
+                               "sft_checkpointing": sft_chosen.sft_checkpointing}
     rollout = multi_turn_budget(env_set, tokenizer, chosen) if multi_turn else chosen
     config["grpo_rollout"] = {"max_turns": rollout.max_turns,
                               "max_completion_length": rollout.max_completion_length,
@@ -253,7 +254,7 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
         from traceops.train.sft import build_sft_trainer
 
         tick = time.perf_counter()
-        trainer = build_sft_trainer(model, tokenizer, sft_rows(env_set, rehearsed), chosen,
+        trainer = build_sft_trainer(model, tokenizer, sft_rows(env_set, rehearsed), sft_chosen,
                                     ckpt.phase_dir(out, "sft"), seed, settings,
                                     callbacks=[_log_callback("sft", on_log)])
         resumed["sft"] = run_phase(trainer, out, "sft", resume)

@@ -16,9 +16,9 @@ behaviour and see the prompt they are served with.
   row's prefix up to its request turn is exactly the prompt of that request served.
 * A row keeps whole assistant turns: the whole run when it fits ``max_length`` tokens, else up to the
   last assistant turn that fits, never less than the request turn (``heldout.request_step``: the one the
-  held-out gate scores); a row longer than ``max_length`` is reported by ``Rehearsal.max_tokens`` so
-  training can lengthen its SFT rows rather than cut a prompt (training on a truncated prompt is
-  training on an interface production never shows).
+  held-out gate scores); a row longer than ``max_length`` is reported by ``Rehearsal.max_tokens`` and
+  ``sft_budget`` lengthens SFT's rows to it rather than cut a prompt (training on a truncated prompt is
+  training on an interface production never shows), checkpointing gradients when memory needs it.
 * ``share`` of the mixed SFT rows (``train.rehearsal_share``): ``round(share / (1 - share) * n)`` runs
   for ``n`` environment rows, at most the runs there are, alternating between the kinds of request reply
   (no call, calls) so a rare kind, such as a correct decline, is not left out by chance, and within a kind
@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from traceops.errors import ConfigError
 from traceops.hashing import content_hash
 from traceops.heldout import request_step, train_trajectories
 from traceops.schema import Trajectory
+from traceops.train.budgets import Budget, check_fits
 
 NO_CALL, CALLS = "no_call", "calls"
 
@@ -75,6 +77,31 @@ class Rehearsal:
         return {"share": self.share, "rows": len(self.rows), "available": self.available,
                 "by_kind": counts, "max_tokens": self.max_tokens, "hash": self.content_hash,
                 "trajectory_ids": list(self.trajectory_ids)}
+
+
+def sft_budget(budget: Budget, rehearsal: Rehearsal | None, sizes: dict[str, int],
+               available: int | None = None) -> Budget:
+    """The budget SFT runs with: ``budget`` itself, or with rows lengthened to the longest rehearsal row
+    when that is longer (a logged retail prompt is ~2,400 tokens, budget small's rows 1,792), with SFT
+    gradient checkpointing switched on when the longer rows would not fit the free memory without it.
+    Only SFT: GRPO's rows are the environments' own. ``sizes`` is ``adapter.inspect_base``'s; raises
+    ConfigError (``check_fits``'s, saying what to do) when not even checkpointing fits."""
+    if rehearsal is None or rehearsal.max_tokens <= budget.sft_max_length:
+        return budget
+    longer = replace(budget, sft_max_length=rehearsal.max_tokens)
+
+    def fits(candidate: Budget) -> Budget:
+        # The SFT phase alone: a GRPO phase of one row, checkpointed, is never the larger of the two.
+        probe = replace(candidate, grpo_prompts_per_step=1, num_generations=1, gradient_checkpointing=True)
+        check_fits(probe, sizes["n_params"], sizes["trainable"], sizes["hidden"], sizes["layers"],
+                   sizes["heads"], sizes["vocab"], available=available,
+                   eager_attention=bool(sizes.get("eager_attention")))
+        return candidate
+
+    try:
+        return fits(longer)
+    except ConfigError:
+        return fits(replace(longer, sft_gradient_checkpointing=True))
 
 
 def rehearsal_count(share: float, env_rows: int, available: int) -> int:
