@@ -132,3 +132,19 @@ def test_flags_are_stated_as_what_they_switch():
         == "avoid toll roads"
     assert flag_name("is_24_hours", {"description": "When true"}) == "is 24 hours"  # nothing left: the name
     assert detail("is_24_hours", False, {}) == "is 24 hours: no"
+
+
+def test_tools_the_agent_invented_are_never_offered(logs):
+    from traceops.schema import Message, ToolCall
+
+    invented = logs[0].model_copy(update={"messages": [
+        logs[0].messages[0],
+        Message(role="assistant", tool_calls=[ToolCall(id="c1", name="restaurant_find_group_by_location",
+                                                       arguments={"location": {"city": "Reno"}})])]})
+    grounding = build_grounding([*logs, invented])
+    assert grounding.source == "inferred" and "restaurant_find_group_by_location" in {
+        t["name"] for t in grounding.tools}
+    every = [t for name in ("tool_selection", "tool_call_format", "argument_grounding", "irrelevance_refusal")
+             for t in FAMILIES[name].generate(grounding, 0, 40)]
+    assert not any(s["function"]["name"] == "restaurant_find_group_by_location"
+                   for t in every for s in t["tools"])

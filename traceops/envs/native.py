@@ -211,8 +211,12 @@ def check_task(task: Mapping[str, Any]) -> None:
 
 def offered_tools(grounding: Grounding) -> list[dict[str, Any]]:
     """The grounded tools a native task may offer: those whose logged schema is usable (the others are
-    reported by synthesis, ``schema_problem``)."""
-    return [t for t in grounding.tools if not t.get("schema_problem")]
+    reported by synthesis, ``schema_problem``). Where the logs show schemas, only tools they show: a
+    name the agent called without ever being offered it is its invention (a BFCL base model's
+    ``restaurant_find_group_by_location``, object-typed arguments and no description), not a tool."""
+    usable = [t for t in grounding.tools if not t.get("schema_problem")]
+    shown = [t for t in usable if isinstance(t.get("native"), Mapping)]
+    return shown or usable
 
 
 def system_prompt_for(grounding: Grounding, names: Sequence[str]) -> str:
@@ -266,7 +270,8 @@ def call_task(rng: random.Random, values: ValueFactory, grounding: Grounding, *,
     if not tools:
         raise NativeTaskError("no logged tool has a usable JSON schema (see the manifest's notes); fix the "
                               "tools' parameters in the logs")
-    pool = [t for t in prefer if not t.get("schema_problem")] or tools
+    names = {t["name"] for t in tools}
+    pool = [t for t in prefer if t["name"] in names] or tools
     targets = rng.sample(pool, min(len(pool), calls)) if distinct else [rng.choice(pool)] * calls
     if not distinct and not parameters_of(targets[0]).get("properties"):
         targets = targets[:1]  # several cases of a call without arguments are the same call
