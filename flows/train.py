@@ -66,7 +66,8 @@ def _candidates(settings: config.Settings, chosen: list[str], budget: Budget,
                                     delta=row.get("delta"), sft_steps=budget.sft_steps,
                                     grpo_steps=budget.grpo_steps,
                                     multi_turn_grpo_steps=budget.multi_turn_grpo_steps,
-                                    min_sft_steps=budget.least_sft_steps, reused=reused))
+                                    min_sft_steps=budget.least_sft_steps, reused=reused,
+                                    max_sft_steps=budget.max_sft_steps))
     return candidates
 
 
@@ -118,12 +119,14 @@ def train_flow(home: str | None = None, capabilities: list[str] | None = None, b
     draws = {c: rehearsal_draw(settings, c, logged, seed) for c in chosen}
     generic = generic and planning.generic_share > 0
     # Tonight's plan within train.time_budget (reference steps); a budget that trains nothing fails here.
-    costs = StepCostCache(settings.paths, base_model, resolved, seed)
+    costs = StepCostCache(settings.paths, base_model, resolved, seed, draws)
     matches = {c: schedule_match(settings, c, budget, overrides, base_ref, seed, (draws[c] or {}).get("key"))
                for c in chosen}
     plan = plan_training(_candidates(settings, chosen, resolved, matches), costs, planning.time_budget,
                          planning.adapter_share if generic else 1.0)
     trained = plan.trained
+    # Each adapter that trains records its real step costs over a reference step timed tonight.
+    reference = costs.reference_seconds([item.capability for item in trained if not item.reused])
     schedules = {item.capability: {**overrides, "sft_steps": item.sft_steps, "grpo_steps": item.grpo_steps,
                                    "multi_turn_grpo_steps": item.grpo_steps} for item in trained}
     calls = [{"key": adapter_key(settings, item.capability, resolve_budget(budget, schedules[item.capability])
@@ -132,7 +135,8 @@ def train_flow(home: str | None = None, capabilities: list[str] | None = None, b
               "rehearsal": draws[item.capability],
               "capability": item.capability, "home": home, "budget": budget, "base_model": base_model,
               "lineage": lineage, "parent_run_id": parent_run_id, "seed": seed,
-              "budget_overrides": schedules[item.capability], "position": f"{i}/{len(trained)}"}
+              "budget_overrides": schedules[item.capability], "position": f"{i}/{len(trained)}",
+              "reference_seconds": reference}
              for i, item in enumerate(trained, start=1)]
     runner = _train_adapters.with_options(task_runner=task_runner(settings))
     adapters = runner(calls, home)

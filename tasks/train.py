@@ -14,6 +14,7 @@ produces the same adapter folder returns the existing version instead of registe
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -70,39 +71,81 @@ _STEP_SHAPE = ("sft_batch_size", "sft_max_length", "sft_gradient_checkpointing",
 
 
 class StepCostCache:
-    """Measured step costs per (base model, capability environments hash, step shape of the budget), kept
-    in models/plan/step_costs.json so a rerun does not measure again; the reference step they are divided
-    by is timed at most once per process, on the first capability that needs measuring."""
+    """Step costs per (base model, capability environments hash, step shape of the budget, rehearsal
+    draw). A capability's first night plans with an estimate from its tokens (traceops/train/
+    cost_estimate.py, no model run, not stored); its adapter's training then ``record``s its real step
+    times in models/plan/step_costs.json, which later nights plan with. ``rehearsals``: capability ->
+    ``rehearsal_draw`` (its rows are part of the SFT data a step runs on)."""
 
-    def __init__(self, paths: config.Paths, base_model: str, budget: Budget, seed: int) -> None:
+    def __init__(self, paths: config.Paths, base_model: str, budget: Budget, seed: int,
+                 rehearsals: dict[str, dict[str, Any] | None] | None = None) -> None:
         self.file = plan_dir(paths) / "step_costs.json"
         self.paths, self.base_model, self.budget, self.seed = paths, base_model, budget, seed
+        self.rehearsals = rehearsals or {}
         self._base_dir, self._base_ref = resolve_base_model(base_model)
-        self._reference: Any = None
-        self.measured: list[str] = []  # capabilities measured by this process
+        self._estimates: dict[str, StepCosts] = {}
+        self._reference: float | None = None
+        self.estimated: list[str] = []  # capabilities this process priced by estimate
 
     def key(self, capability: str) -> str:
         shape = {name: getattr(self.budget, name) for name in _STEP_SHAPE}
+        draw = (self.rehearsals.get(capability) or {}).get("key")
         return content_hash([self._base_ref, capability, folder_hash(self.paths.environments / capability),
-                             shape])
+                             shape, *([draw] if draw else [])])
+
+    def measured(self, capability: str) -> StepCosts | None:
+        """The capability's recorded step costs (None: it has not trained on these environments)."""
+        known = (ckpt.read_json(self.file) or {}).get(self.key(capability))
+        return StepCosts(**known) if known else None
+
+    def estimate(self, capability: str) -> StepCosts:
+        """The capability's estimated step costs (computed once per process)."""
+        from traceops.train.cost_estimate import estimate_step_costs
+
+        if capability not in self._estimates:
+            rehearsal = _rehearsal(self.paths, self.rehearsals.get(capability), self._base_dir, self.budget)
+            self._estimates[capability] = estimate_step_costs(
+                capability, self.paths.environments / capability, self._base_dir, self.budget, self.seed,
+                rehearsal.rows if rehearsal else (), rehearsal.max_tokens if rehearsal else 0)
+            self.estimated.append(capability)
+        return self._estimates[capability]
 
     def __call__(self, capability: str, grpo: bool = False) -> StepCosts:
-        """The capability's step costs (with ``grpo``, its GRPO step's too): cached, or measured now (and
-        cached)."""
-        from traceops.train.reference_step import time_reference_step
-        from traceops.train.step_cost import measure_step_costs
+        """The capability's step costs: measured where recorded (a GRPO step that never ran priced by the
+        estimate when ``grpo`` asks for it), else estimated."""
+        known = self.measured(capability)
+        if known is None:
+            return self.estimate(capability)
+        if grpo and known.grpo is None:
+            return replace(known, grpo=self.estimate(capability).grpo)
+        return known
 
-        key = self.key(capability)
-        known = ckpt.read_json(self.file) or {}
-        if key in known and not (grpo and known[key].get("grpo") is None):
-            return StepCosts(**known[key])
+    def reference_seconds(self, capabilities: list[str]) -> float | None:
+        """Seconds of a reference step timed now (once per process), for recording the real step costs of
+        ``capabilities`` as they train; None when every one of them is already measured."""
+        from traceops.train.reference_step import time_reference_step
+
+        if all(self.measured(c) is not None for c in capabilities):
+            return None
         if self._reference is None:
-            self._reference = time_reference_step(self._base_dir, seed=self.seed)
-        costs = measure_step_costs(capability, self.paths.environments / capability, self._base_dir,
-                                   self.budget, seed=self.seed, reference=self._reference, grpo=grpo)
+            # Two timed steps after the warm-up: the figure divides a few real steps' times, not a target.
+            self._reference = time_reference_step(self._base_dir, repeats=2, seed=self.seed).seconds
+        return self._reference
+
+    def record(self, capability: str, timings: dict[str, float], reference_seconds: float,
+               multi_turn: bool) -> StepCosts | None:
+        """Store an adapter's real step times (``train_adapter``'s ``sft_step``/``grpo_step`` timings) over
+        a reference step of ``reference_seconds``; nothing when no SFT step ran (a resumed, finished SFT).
+        A GRPO price already recorded is kept when this run had no GRPO step."""
+        if timings.get("sft_step") is None or not reference_seconds > 0:
+            return None
+        grpo = timings.get("grpo_step")
+        costs = StepCosts.from_seconds(reference_seconds, timings["sft_step"], grpo, multi_turn)
+        before = self.measured(capability)
+        if grpo is None and before is not None and before.grpo is not None:
+            costs = replace(costs, grpo=before.grpo, grpo_seconds=before.grpo_seconds)
         known = ckpt.read_json(self.file) or {}
-        ckpt.write_json(self.file, {**known, key: costs.as_dict()})
-        self.measured.append(capability)
+        ckpt.write_json(self.file, {**known, self.key(capability): costs.as_dict()})
         return costs
 
 
@@ -289,8 +332,12 @@ def train_task(key: str, capability: str, home: str | None = None, budget: str =
                base_model: str = "embedded", lineage: dict[str, str] | None = None,
                parent_run_id: str | None = None, seed: int = 0,
                budget_overrides: dict[str, Any] | None = None, position: str = "",
-               rehearsal: dict[str, Any] | None = None) -> AdapterResult:
+               rehearsal: dict[str, Any] | None = None,
+               reference_seconds: float | None = None) -> AdapterResult:
     """Train, track and register one capability's adapter; resumes a killed attempt from its checkpoint.
+
+    ``reference_seconds`` (a reference step timed by the flow tonight; not part of ``key``): the adapter's
+    real SFT and GRPO step times are recorded over it in the step-cost cache, for later nights' plans.
 
     ``rehearsal`` (``rehearsal_draw``'s result, part of ``key``): the logged successes mixed into its SFT
     rows; the run's params, ``train/rehearsal.json`` and the version's ``traceops.rehearsal`` tag (the
@@ -328,6 +375,9 @@ def train_task(key: str, capability: str, home: str | None = None, budget: str =
         with work_timer():
             result = train_adapter(capability, envs, base_dir, work_dir(paths, capability), chosen, seed=seed,
                                    resume=True, on_log=on_log, rehearsal=rehearsed)
+        if reference_seconds:
+            StepCostCache(paths, base_model, chosen, seed, {capability: rehearsal}).record(
+                capability, result.timings, reference_seconds, bool(result.config["multi_turn"]))
         rehearsal_tags = {TAG_REHEARSAL: rehearsed.content_hash} if rehearsed else {}
         if rehearsed:
             mlflow.set_tags(rehearsal_tags)

@@ -131,8 +131,10 @@ def load(home: str | Path | None = None) -> Settings:
 # policy_adherence's SFT step 2.9 (6x); a multi-turn GRPO step ~40 (FACTS: 120 s at 3 s). Model loading and
 # the val scoring before and after each adapter come on top. 120 (adapters 90, generic LoRA 30) buys the
 # top-ranked capability's full schedule even when it is multi-turn (16 x 2.9 + 40 = 86), several cheap ones
-# otherwise, and leaves 180 for diagnosis, synthesis, the one-time step-cost measurement, routing and
-# evaluation.
+# otherwise, and leaves 180 for diagnosis, synthesis, routing and evaluation. Step costs are estimated
+# without running the model (traceops/train/cost_estimate.py; the night used to spend 58 reference steps
+# timing them) and the adapters' own steps, measured as they train, price later nights. What the ranked walk
+# leaves buys extra SFT steps (Budget.max_sft_steps), so a night spends its whole adapters' share.
 TRAIN_TIME_BUDGET = 120.0
 # Share of train.time_budget that trains the generic-LoRA baseline (SFT on every trained capability's data).
 GENERIC_SHARE = 0.25

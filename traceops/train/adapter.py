@@ -34,6 +34,7 @@ from traceops.train.data import (
 )
 from traceops.train.grpo import multi_turn_budget
 from traceops.train.rehearsal import Rehearsal, sft_budget
+from traceops.train.step_cost import step_timer, typical_step
 
 LogCallback = Callable[[str, int, dict[str, float]], None]
 
@@ -254,10 +255,13 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
         from traceops.train.sft import build_sft_trainer
 
         tick = time.perf_counter()
+        timer = step_timer()  # this adapter's real step times: the cost cache's measured prices
         trainer = build_sft_trainer(model, tokenizer, sft_rows(env_set, rehearsed), sft_chosen,
                                     ckpt.phase_dir(out, "sft"), seed, settings,
-                                    callbacks=[_log_callback("sft", on_log)])
+                                    callbacks=[_log_callback("sft", on_log), timer])
         resumed["sft"] = run_phase(trainer, out, "sft", resume)
+        if (step := typical_step(timer.seconds)) is not None:
+            timings["sft_step"] = step
         logs["sft"] = trainer.state.log_history
         ckpt.save_adapter(trainer.model, tokenizer, sft_dir)
         ckpt.write_json(out / "train_logs.json", logs)
@@ -275,10 +279,13 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
         peft_model = PeftModel.from_pretrained(model, str(sft_dir), is_trainable=True)
         if rollout.grpo_steps > 0:
             rows = grpo_rows(env_set, tokenizer, multi_turn)
+            timer = step_timer()
             trainer = build_grpo_trainer(peft_model, tokenizer, env_set, rows, rollout,
                                          ckpt.phase_dir(out, "grpo"), seed, multi_turn,
-                                         callbacks=[_log_callback("grpo", on_log)])
+                                         callbacks=[_log_callback("grpo", on_log), timer])
             resumed["grpo"] = run_phase(trainer, out, "grpo", resume)
+            if (step := typical_step(timer.seconds, warm_up=0)) is not None:
+                timings["grpo_step"] = step
             logs["grpo"] = trainer.state.log_history
             peft_model = trainer.model
             del trainer
