@@ -32,6 +32,9 @@ from traceops.tasks.retry import retry_unless_user_error
 from traceops.tasks.tracking import log_json, stage_run, work_timer
 
 ROUTING_ARTIFACT = "routing.json"
+# Under <models>: each capability's probe samples, reused by the next fit while its demonstrations and the
+# base model are unchanged (a night that adds or retrains one adapter re-reads only that capability).
+PROBE_CACHE = "route_probes"
 
 
 def composite_exists(result: RouteResult) -> bool:
@@ -157,7 +160,7 @@ def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None
                 on_step, logged = _fit_streamer(capabilities)
                 composed = compose(folders, base_dir, paths.environments, route_config, key=key,
                                    target=target, base_model=base_model, base_ref=base_ref, experts=experts,
-                                   on_step=on_step)
+                                   on_step=on_step, probe_cache=paths.models / PROBE_CACHE)
             fit = None if composed.fit is None else composed.fit.to_dict()
             routing = composed.routing
             metrics = _log_fit(fit, routing, logged)

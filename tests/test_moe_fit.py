@@ -247,3 +247,37 @@ def test_probe_runs_a_shared_start_once_with_the_samples_of_whole_rows(setup, ro
         assert torch.equal(whole.decisions.targets, shared.decisions.targets)
         for layer, features in whole.decisions.features.items():
             torch.testing.assert_close(shared.decisions.features[layer], features, rtol=1e-4, atol=1e-4)
+
+
+def test_probe_store_reuses_an_unchanged_capabilitys_samples_with_the_same_fit(setup, tmp_path):
+    from traceops.moe.probe_cache import ProbeStore
+
+    tokenizer, base, dirs, _ = setup
+    config = RouteConfig(steps=0, probe_steps=10, probe_tokens=8, seed=0).fit_config()
+    assert config.probe_routings == ("base",)  # request mode: adapter-independent samples, cacheable
+
+    def fit(examples, store):
+        moe = build_moe(copy.deepcopy(base), dirs, top_k=1, mode="request", base_weights_hash="tiny@0")
+        calls = []
+        moe.model.get_decoder().register_forward_pre_hook(lambda module, args: calls.append(1))
+        return fit_router(moe, tokenizer, examples, config, probe_store=store), len(calls)
+
+    examples = {"lookup": shared_prefix_chats(WORDS_A, 6, 0), "refusal": shared_prefix_chats(WORDS_B, 6, 1)}
+    fresh, fresh_calls = fit(examples, None)
+    first, first_calls = fit(examples, ProbeStore(tmp_path))
+    entries = {path.name for path in tmp_path.iterdir()}
+    assert len(entries) == 4  # per capability: the probe samples and the held-out decision prompts
+    store = ProbeStore(tmp_path)
+    again, again_calls = fit(examples, store)
+    assert store.used == {name.split(".")[0] for name in entries}
+    # The same samples, so the same routers; only the held-out measures ran the model.
+    for result in (first, again):
+        assert (result.routing_accuracy, result.decision_accuracy, result.probe_train_accuracy) == (
+            fresh.routing_accuracy, fresh.decision_accuracy, fresh.probe_train_accuracy)
+    assert first_calls == fresh_calls > again_calls
+    # One capability's demonstrations change: only its entries are collected again; prune drops the old.
+    changed = {**examples, "lookup": shared_prefix_chats(WORDS_A, 6, 5)}
+    store = ProbeStore(tmp_path)
+    fit(changed, store)
+    assert store.prune() and len(list(tmp_path.iterdir())) == 4
+    assert len({path.name for path in tmp_path.iterdir()} & entries) == 2

@@ -23,6 +23,7 @@ from traceops.model.chat_template import trained_tokenizer
 from traceops.moe.build import build_moe
 from traceops.moe.fit import FitResult, StepCallback, evaluate_routing, fit_router
 from traceops.moe.io import CONFIG_NAME, WEIGHTS_NAME, save_moe
+from traceops.moe.probe_cache import ProbeStore
 from traceops.moe.route_config import RouteConfig
 
 COMPOSITE_INFO = "composite.json"
@@ -40,7 +41,8 @@ class Composed:
 
 def compose(folders: Mapping[str, Path], base_dir: Path, environments: Path, config: RouteConfig, *,
             key: str, target: Path, base_model: str, base_ref: str,
-            experts: Mapping[str, Mapping[str, str]], on_step: StepCallback | None = None) -> Composed:
+            experts: Mapping[str, Mapping[str, str]], on_step: StepCallback | None = None,
+            probe_cache: Path | None = None) -> Composed:
     """Build the composite of the adapter ``folders`` (by capability) over the base model in ``base_dir``,
     fit its routers on the demonstrations of ``environments/<capability>``, trace val routing and save it to
     ``target``.
@@ -48,7 +50,8 @@ def compose(folders: Mapping[str, Path], base_dir: Path, environments: Path, con
     ``key`` (the stage's cache key), ``base_model`` (the spec the base came from), ``base_ref`` (its id and
     weights hash) and ``experts`` (each capability's registered model name and version, see
     ``expert_records``) are recorded in ``composite.json``. ``on_step`` hears of the router fit's progress
-    (``fit_router``).
+    (``fit_router``). ``probe_cache``: a folder that keeps each capability's probe samples for the next
+    fit (``traceops.moe.probe_cache``); left holding this fit's entries only.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -71,7 +74,10 @@ def compose(folders: Mapping[str, Path], base_dir: Path, environments: Path, con
                for c in capabilities}
         moe = build_moe(model, dict(folders), top_k=config.top_k, null_expert=config.null_expert,
                         mode=config.mode, router_seed=config.seed, base_weights_hash=base_ref)
-        fit = fit_router(moe, tokenizer, train, config.fit_config(), on_step=on_step)
+        store = ProbeStore(probe_cache) if probe_cache is not None else None
+        fit = fit_router(moe, tokenizer, train, config.fit_config(), on_step=on_step, probe_store=store)
+        if store is not None:
+            store.prune()
         tick = time.perf_counter()
         routing = evaluate_routing(moe, tokenizer, {c: rows for c, rows in val.items() if rows},
                                    max_length=config.max_length, batch_size=config.batch_size)

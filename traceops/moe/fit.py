@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from traceops.errors import ConfigError, InputError
 from traceops.moe.decision import DecisionSamples, decision_accuracy, decision_loss
 from traceops.moe.model import MoEModel
-from traceops.moe.probe import collect_block_inputs, fit_probes
+from traceops.moe.probe import ProbeSamples, collect_block_inputs, fit_probes, merge_probe_samples
+from traceops.moe.probe_cache import ProbeStore
 from traceops.moe.router import load_balance_loss, request_scores, router_z_loss, topk_gate
 
 Example = str | list[dict[str, Any]] | dict[str, Any]
@@ -313,12 +314,15 @@ StepCallback = Callable[[str, int, int, dict[str, float]], None]
 
 
 def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, list[Example]],
-               config: FitConfig, on_step: StepCallback | None = None) -> FitResult:
+               config: FitConfig, on_step: StepCallback | None = None,
+               probe_store: ProbeStore | None = None) -> FitResult:
     """Train only the routers of ``moe`` on capability-labelled examples (texts or chat conversations).
 
     Every parameter of the wrapped model other than the routers is frozen for the duration and its
     ``requires_grad`` restored afterwards. Returns loss curves and held-out routing accuracy; ``on_step``
     hears of each fitted probe and each optimizer step as it finishes (progress, streamed metrics).
+    ``probe_store`` keeps the base-routing probe samples of each capability across fits
+    (``traceops.moe.probe_cache``).
     """
     started = time.perf_counter()
     rng = random.Random(config.seed)
@@ -344,11 +348,11 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
     try:
         model.eval()  # no dropout: the frozen parts must behave as at inference
         init_tok, init_seq, _ = routing_accuracy(moe, held_batches)
-        held_decisions = _decision_samples(moe, full_heldout, pad_id, config)
+        held_decisions = _decision_samples(moe, full_heldout, pad_id, config, probe_store)
         init_decision = decision_accuracy(moe, held_decisions) if held_decisions else None
         if config.probe_steps:
-            probe = _probe_phase(moe, full_train, pad_id, config, on_step)
-            probe["tok"], probe["seq"], _ = routing_accuracy(moe, held_batches)
+            probe = _probe_phase(moe, full_train, pad_id, config, on_step, probe_store)
+            probe["tok"], probe["seq"], probe["per"] = routing_accuracy(moe, held_batches)
             probe["decision"] = decision_accuracy(moe, held_decisions) if held_decisions else None
         decisions: DecisionSamples | None = probe.get("decisions")
         if decisions is None and config.decision_weight and config.steps:
@@ -386,8 +390,12 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
                 losses[key].append(float(value.detach()))
             if on_step is not None:
                 on_step("fit", step, config.steps, {key: values[-1] for key, values in losses.items()})
-        tok, seq, per = routing_accuracy(moe, held_batches)
-        final_decision = decision_accuracy(moe, held_decisions) if held_decisions else None
+        if config.steps or not config.probe_steps:
+            tok, seq, per = routing_accuracy(moe, held_batches)
+            final_decision = decision_accuracy(moe, held_decisions) if held_decisions else None
+        else:  # the probes alone: measured after the probe phase already
+            tok, seq, per = probe["tok"], probe["seq"], probe["per"]
+            final_decision = probe["decision"]
     finally:
         for name, p in model.named_parameters():
             p.requires_grad_(grad_flags.get(name, p.requires_grad))
@@ -417,12 +425,11 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
 
 
 def _probe_phase(moe: MoEModel, train: list[_Encoded], pad_id: int, config: FitConfig,
-                 on_step: StepCallback | None = None) -> dict[str, Any]:
+                 on_step: StepCallback | None = None, store: ProbeStore | None = None) -> dict[str, Any]:
     """Fit every router as a probe on teacher-forced block inputs of the whole training examples."""
     tick = time.perf_counter()
-    batches = _probe_batches(train, pad_id, config.probe_batch_size, moe.device)
-    samples = collect_block_inputs(moe, batches, _route_forward, config.probe_tokens,
-                                   config.probe_routings, config.seed)
+    samples = _collect(moe, train, pad_id, config, config.probe_tokens, config.probe_routings, store)
+
     def on_router(done: int, total: int, loss: float) -> None:
         if on_step is not None:
             on_step("probe", done, total, {"probe": loss})
@@ -433,26 +440,52 @@ def _probe_phase(moe: MoEModel, train: list[_Encoded], pad_id: int, config: FitC
             "seconds": time.perf_counter() - tick, "decisions": samples.decisions}
 
 
+def _by_expert(items: list[_Encoded]) -> dict[int, list[_Encoded]]:
+    """``items`` grouped by expert (in expert order), each group by length (less padding in a batch)."""
+    return {expert: sorted((item for item in items if item.expert == expert), key=lambda i: len(i.input_ids))
+            for expert in sorted({item.expert for item in items})}
+
+
 def _probe_batches(items: list[_Encoded], pad_id: int, size: int,
                    device: torch.device) -> list[dict[str, torch.Tensor]]:
     """Batches of ``size`` for the forward-only passes: one capability per batch (its demonstrations share
     a long start, which the probe then runs once) and similar lengths together (less padding)."""
-    batches = []
-    for expert in sorted({item.expert for item in items}):
-        ordered = sorted((item for item in items if item.expert == expert), key=lambda i: len(i.input_ids))
-        batches += [_batch(ordered[i:i + size], pad_id, device) for i in range(0, len(ordered), size)]
-    return batches
+    return [_batch(group[i:i + size], pad_id, device)
+            for group in _by_expert(items).values() for i in range(0, len(group), size)]
 
 
-def _decision_samples(moe: MoEModel, items: list[_Encoded], pad_id: int,
-                      config: FitConfig) -> DecisionSamples | None:
+def _collect(moe: MoEModel, items: list[_Encoded], pad_id: int, config: FitConfig, per_row: int,
+             routings: tuple[str, ...], store: ProbeStore | None) -> ProbeSamples:
+    """``collect_block_inputs`` over ``items``, one capability at a time: read from ``store`` where it
+    keeps that capability's samples (base routing only, under known base weights), else collected and
+    stored."""
+    base = moe.config.base_weights_hash
+    cached = store is not None and tuple(routings) == ("base",) and bool(base)
+    parts: list[ProbeSamples] = []
+    for expert, group in _by_expert(items).items():
+        key = None
+        if cached:
+            rows = [(item.input_ids, item.decision_ends) for item in group]
+            key = ProbeStore.key(str(base), rows, per_row, routings, config.seed)
+        samples = store.get(key, expert) if store is not None and key else None
+        if samples is None:
+            step = config.probe_batch_size
+            batches = [_batch(group[i:i + step], pad_id, moe.device) for i in range(0, len(group), step)]
+            samples = collect_block_inputs(moe, batches, _route_forward, per_row, routings, config.seed)
+            if store is not None and key:
+                store.put(key, samples)
+        parts.append(samples)
+    return merge_probe_samples(parts)
+
+
+def _decision_samples(moe: MoEModel, items: list[_Encoded], pad_id: int, config: FitConfig,
+                      store: ProbeStore | None = None) -> DecisionSamples | None:
     """The decision prompts' pooled block inputs of ``items`` (one base-only pass over the conversations
     that have them); None when none has."""
     with_prompts = [item for item in items if item.decision_ends]
     if not with_prompts:
         return None
-    batches = _probe_batches(with_prompts, pad_id, config.probe_batch_size, moe.device)
-    return collect_block_inputs(moe, batches, _route_forward, 0, ("base",), config.seed).decisions
+    return _collect(moe, with_prompts, pad_id, config, 0, ("base",), store).decisions
 
 
 @torch.no_grad()

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from traceops.errors import ConfigError
-from traceops.moe.decision import DecisionSamples, prompt_means, prompt_targets
+from traceops.moe.decision import DecisionSamples, merge_samples, prompt_means, prompt_targets
 from traceops.moe.model import MoEModel
 from traceops.moe.router import router_z_loss
 
@@ -188,6 +188,15 @@ def collect_block_inputs(moe: MoEModel, batches: Sequence[dict[str, torch.Tensor
                         targets=torch.cat(targets), decisions=decisions)
 
 
+def merge_probe_samples(parts: Sequence[ProbeSamples]) -> ProbeSamples:
+    """One ``ProbeSamples`` of several (rows in order; decisions of those that have them)."""
+    decided = [part.decisions for part in parts if part.decisions is not None]
+    return ProbeSamples(features={layer: torch.cat([part.features[layer] for part in parts])
+                                  for layer in parts[0].features},
+                        targets=torch.cat([part.targets for part in parts]),
+                        decisions=merge_samples(decided) if decided else None)
+
+
 def fit_probes(moe: MoEModel, samples: ProbeSamples, steps: int, learning_rate: float,
                z_weight: float = 1e-3, decision_weight: float = 0.0,
                on_router: Callable[[int, int, float], None] | None = None) -> dict[int, float]:
@@ -228,4 +237,4 @@ def fit_probes(moe: MoEModel, samples: ProbeSamples, steps: int, learning_rate: 
 
 
 __all__ = ["MIN_SHARED_TOKENS", "ROUTINGS", "ProbeSamples", "collect_block_inputs", "fit_probes",
-           "shared_start"]
+           "merge_probe_samples", "shared_start"]
