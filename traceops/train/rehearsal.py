@@ -2,8 +2,9 @@
 
 Synthetic environments teach a capability; they do not show what the agent already did right in
 production. A measured retail night trained adapters only on environments (a generic system prompt, a
-wrapper tool) and its composite then called ``get_user_details`` on every held-out real request,
-including the out-of-scope ones ("time in Nairobi") the base had correctly declined: 0/32 against the
+``call_api`` wrapper or generic record tools, never the logged policy prompt and tools) and its composite
+then called ``get_user_details`` on every held-out real request, including the out-of-scope ones ("time
+in Nairobi") the base had answered without a call (what the grader scores right): 0/32 against the
 base's 6/32. Rehearsal mixes in the agent's logged SUCCESSFUL trajectories so the adapters keep that
 behaviour and see the prompt they are served with.
 
