@@ -184,6 +184,7 @@ class LocalChatModel:
         self.batch_size = batch_size
         self.prefix_cache = prefix_cache
         self._prefixes: dict[tuple[Any, ...], _StoredPrefix] = {}  # routing state -> prefix, oldest first
+        self._rows: list[_StoredRow] = []  # last batches' rows past their prefix, oldest first
         self._cache_ok: bool | None = None
 
     def __repr__(self) -> str:
@@ -318,21 +319,31 @@ class LocalChatModel:
             cache.layers = [growing(capacity, k, v, batch) for k, v in prefix]
         return cache
 
-    def _batch_cache(self, prefix: list[tuple[Any, Any]] | None, batch: int,
-                     capacity: int) -> tuple[Any, contextlib.AbstractContextManager[Any]]:
+    def _batch_cache(self, prefix: list[tuple[Any, Any]] | None, batch: int, capacity: int,
+                     own: list[tuple[Any, Any]] | None = None
+                     ) -> tuple[Any, contextlib.AbstractContextManager[Any]]:
         """The cache a batch of ``batch`` rows starts from, and the context to generate in.
 
         Several rows behind a prefix, on SDPA: the prefix stays at batch 1, read once per step for all
         rows (``shared_prefix``). One row, or another attention: the prefix copied into each row
-        (at batch 1 the copy is cheaper than splitting attention in two).
+        (at batch 1 the copy is cheaper than splitting attention in two). ``own``: per layer, the
+        first columns of the rows' own part already computed (``_reused_rows``), placed behind the prefix.
         """
         if prefix is not None and batch > 1 and shared_prefix.supported(self.model):
             from transformers import DynamicCache
 
-            own = capacity - prefix[0][0].shape[-2]
+            room = capacity - prefix[0][0].shape[-2]
             cache = DynamicCache(config=self.model.config)
-            cache.layers = [shared_prefix_layer(own, k, v) for k, v in prefix]
+            cache.layers = [shared_prefix_layer(room, k, v) for k, v in prefix]
+            for layer, (k, v) in zip(cache.layers, own or [], strict=False):
+                layer._adopt(k, v)
             return cache, shared_prefix.attention_over(self.model, cache)
+        if prefix is not None and own is not None:
+            import torch
+
+            prefix = [(torch.cat([pk.expand(batch, -1, -1, -1), k], dim=2),
+                       torch.cat([pv.expand(batch, -1, -1, -1), v], dim=2))
+                      for (pk, pv), (k, v) in zip(prefix, own, strict=True)]
         return self._growing_cache(prefix, batch=batch, capacity=capacity), contextlib.nullcontext()
 
     def _generate_with_prefix(self, prompts: list[str], hf_config: Any, extra: dict[str, Any],
@@ -351,11 +362,98 @@ class LocalChatModel:
         prefix = self._prefix_kv(rows[0][:shared], device) if shared else None
         input_ids, mask = prefix_layout(rows, shared, self.tokenizer.pad_token_id)
         width = input_ids.shape[1]
-        cache, attention = self._batch_cache(prefix, len(rows), width + hf_config.max_new_tokens)
+        own = self._reused_rows(rows, shared, width - shared) if prefix is not None else None
+        cache, attention = self._batch_cache(prefix, len(rows), width + hf_config.max_new_tokens, own)
         with attention:
             output = self.model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
                                          cache=cache, generation_config=hf_config, **(extra or {}))
-        return output[:, width:].tolist()
+        new_tokens = output[:, width:].tolist()
+        if prefix is not None:
+            self._keep_rows(rows, shared, width - shared, new_tokens, cache)
+        return new_tokens
+
+    # -----------------------------------------------------------------------------------------------
+    # Rows' own keys and values, kept from one turn to the next
+
+    def _reused_rows(self, rows: list[list[int]], shared: int,
+                     own_width: int) -> list[tuple[Any, Any]] | None:
+        """Per layer, the keys and values of the first columns of each row's own part (after the shared
+        prefix) that an earlier batch already computed for the same tokens, laid out as
+        ``prefix_layout`` lays the batch out (padding columns zero; attention masks them); None when no
+        row has anything to reuse.
+
+        An agent's next turn is its last prompt plus the reply and the tool's answer: without this, every
+        turn ran each row's whole conversation past the shared prefix through the model again. A token's
+        keys and values depend only on the tokens before it and its position (the row index, positions
+        coming from the attention mask), so a stored row that starts with the same tokens gives them
+        exactly. The window still computed is the same for every row (the last ``own_width - kept``
+        columns) and holds each row's last token, whose logits start generation.
+        """
+        import torch
+
+        weights, routing = self._weights_state(), self._routing_state()
+        self._rows = [r for r in self._rows if r.state == weights]  # stale after any weight change
+        reuse: list[tuple[_StoredRow, int] | None] = []
+        for row in rows:
+            best, matched = None, 0
+            for stored in self._rows:
+                if stored.routing != routing or stored.shared > shared:
+                    continue
+                common = len(os.path.commonprefix([stored.tokens, row]))
+                if common > matched:
+                    best, matched = stored, common
+            # Own tokens reusable: within the stored row, and never the row's last token.
+            count = min(matched, len(row) - 1) - shared
+            reuse.append((best, count) if best is not None and count > 0 else None)
+        lengths = [len(row) - shared for row in rows]
+        window = max(length - (r[1] if r else 0) for length, r in zip(lengths, reuse, strict=True))
+        kept = own_width - window  # columns of the own part filled from stored rows
+        if kept <= 0:
+            return None
+        layers = []
+        for layer in range(len(next(r for r in reuse if r is not None)[0].layers)):
+            sample = next(r for r in reuse if r is not None)[0].layers[layer][0]
+            keys = sample.new_zeros((len(rows), sample.shape[1], kept, sample.shape[-1]))
+            values = torch.zeros_like(keys)
+            for i, (length, found) in enumerate(zip(lengths, reuse, strict=True)):
+                start = own_width - length  # the row's first own column
+                take = kept - start  # own tokens of this row within the kept columns
+                if take <= 0:
+                    continue
+                assert found is not None  # window >= length - count, so take <= count
+                stored, _count = found
+                offset = shared - stored.shared
+                k, v = stored.layers[layer]
+                keys[i, :, start:kept] = k[0, :, offset:offset + take]
+                values[i, :, start:kept] = v[0, :, offset:offset + take]
+            layers.append((keys, values))
+        return layers
+
+    def _keep_rows(self, rows: list[list[int]], shared: int, own_width: int, new_tokens: list[list[int]],
+                   cache: Any) -> None:
+        """Store each row's own keys and values after generation (its prompt past the prefix and its reply
+        up to end of turn, as far as the cache holds them) for the next turn to reuse; rows this batch
+        continued are dropped, and at most ``2 * batch_size`` rows are kept (oldest go first)."""
+        pad = self.tokenizer.pad_token_id
+        ends = self._eos_ids() | ({pad} if pad is not None else set())
+        weights, routing = self._weights_state(), self._routing_state()
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        behind = 0 if hasattr(cache.layers[0], "prefix_keys") else shared  # a copied prefix leads each row
+        steps = len(new_tokens[0]) if new_tokens else 0
+        kept: list[_StoredRow] = []
+        for i, (row, generated) in enumerate(zip(rows, new_tokens, strict=True)):
+            end = next((j + 1 for j, token in enumerate(generated) if token in ends), len(generated))
+            fed = min(end, steps - 1)  # the last generated token is never fed back: no keys for it
+            start = own_width - (len(row) - shared)
+            stop = own_width + fed
+            own = [(k[i:i + 1, :, behind + start:behind + stop].clone(),
+                    v[i:i + 1, :, behind + start:behind + stop].clone()) for k, v in layers]
+            kept.append(_StoredRow(state=weights, routing=routing, shared=shared,
+                                   tokens=list(row) + list(generated[:fed]), layers=own))
+        continued = {id(r) for r in self._rows if any(
+            len(r.tokens) <= len(row) and row[:len(r.tokens)] == r.tokens for row in rows)}
+        self._rows = [r for r in self._rows if id(r) not in continued] + kept
+        del self._rows[:max(0, len(self._rows) - 2 * self.batch_size)]
 
     def _finish(self, row: list[int], prompt_length: int, eos: set[int],
                 config: GenerationConfig) -> Completion:
@@ -374,6 +472,19 @@ class LocalChatModel:
                  config: GenerationConfig | None = None) -> list[str]:
         """One assistant text per conversation (see ``complete``)."""
         return [completion.text for completion in self.complete(conversations, tools, config)]
+
+
+@dataclass
+class _StoredRow:
+    """One generated row past its batch's ``shared`` prefix: its tokens (prompt and reply) and per-layer
+    keys/values (batch 1) of ``tokens[shared:]`` as far as computed, valid while the weights ``state``
+    and ``routing`` hold."""
+
+    state: tuple[Any, ...]
+    routing: tuple[Any, ...]
+    shared: int
+    tokens: list[int]
+    layers: list[tuple[Any, Any]]
 
 
 @dataclass
