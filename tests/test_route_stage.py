@@ -138,6 +138,13 @@ def test_route_flow_fits_registers_reloads_and_caches(route_home: Path, tiny_mod
     assert other.composite.version == "2" and other.parent_versions[registry.ROUTER_MODEL] == "2"
     assert read_config(composite_dir).top_k == 1
 
+    # Base-routing samples are kept for the next fit under models/route_probes: in token mode the held-out
+    # decision prompts' alone (its probes read states under each adapter), in request mode the probes' too.
+    assert len(list((paths.models / "route_probes").glob("*.safetensors"))) == len(CAPS)
+    request = route_flow(home=str(home), base_model=str(tiny_model_dir), mode="request")
+    assert request.composite.version == "3"
+    assert len(list((paths.models / "route_probes").glob("*.safetensors"))) == 2 * len(CAPS)
+
 
 def test_route_params_from_params_yaml_refuse_unknown_keys(home: Path) -> None:
     from traceops.moe import RouteConfig

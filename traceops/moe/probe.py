@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from traceops.errors import ConfigError
 from traceops.moe.decision import DecisionSamples, merge_samples, prompt_means, prompt_targets
 from traceops.moe.model import MoEModel
-from traceops.moe.router import router_z_loss
+from traceops.moe.router import _rms, router_z_loss
 
 ROUTINGS = ("own", "base")
 # A shared start shorter than this is run with each row: the extra forward call would cost more.
@@ -215,13 +215,14 @@ def fit_probes(moe: MoEModel, samples: ProbeSamples, steps: int, learning_rate: 
     decisions = samples.decisions if decision_weight and samples.decisions is not None else None
     for done, router in enumerate(moe.routers.values(), start=1):
         layer = router.layer_index
-        x = samples.features[layer].to(router.proj.weight.device)
+        # The router is linear on the normalized input: normalize once, not on every step.
+        x = _rms(samples.features[layer].to(router.proj.weight.device, router.proj.weight.dtype))
         y = targets.to(x.device)
         if decisions is not None:
             xd, yd = decisions.features[layer].to(x.device), decisions.targets.to(x.device)
         optimizer = torch.optim.Adam(router.parameters(), lr=learning_rate)
         for _ in range(steps):
-            logits = router.logits(x)
+            logits = router.proj(x)
             loss = F.cross_entropy(logits, y) + z_weight * router_z_loss(logits, None)
             if decisions is not None:
                 # Prompt means are normalized already: the projection alone gives the pooled logits.
@@ -230,7 +231,7 @@ def fit_probes(moe: MoEModel, samples: ProbeSamples, steps: int, learning_rate: 
             loss.backward()
             optimizer.step()
         with torch.no_grad():
-            accuracy[layer] = float((router.logits(x).argmax(-1) == y).float().mean())
+            accuracy[layer] = float((router.proj(x).argmax(-1) == y).float().mean())
         if on_router is not None:
             on_router(done, len(moe.routers), float(loss.detach()))
     return accuracy
