@@ -62,8 +62,9 @@ class Budget:
     # ``max_turns`` generation rounds) and takes its loss over ~1,300-token sequences: ~120 s on 2 cores
     # with the embedded model against ~20 s for a single-turn step.
     multi_turn_grpo_steps: int | None = None
-    # Splits scored before and after training. The CPU budget scores val only: the nightly's evaluate
-    # stage scores every model on the test splits anyway, and each split costs minutes of generation.
+    # Splits scored before and after training. The CPU budget scores none: the nightly's evaluate stage
+    # scores every adapter on 16 test tasks of its capability, while the budget's 4 val tasks could not
+    # tell a gain from chance and cost 18-50 s an adapter (a measured night: 26 reference steps in all).
     eval_splits: tuple[str, ...] = ("val", "test")
     # The fewest SFT steps worth an adapter: a capability whose remaining time budget (train.time_budget)
     # buys fewer is deferred to a later night rather than trained into a useless adapter.
@@ -112,7 +113,7 @@ BUDGETS: dict[str, Budget] = {
         name="small", sft_steps=16, sft_batch_size=2, sft_max_length=1792, sft_lr=1e-3,
         grpo_steps=2, grpo_prompts_per_step=1, num_generations=4, max_completion_length=96, grpo_lr=1e-5,
         max_turns=9, eval_tasks=4, eval_max_new_tokens=100, save_steps=4, eval_max_turns=9,
-        gradient_checkpointing=True, sft_gradient_checkpointing=False, eval_splits=("val",),
+        gradient_checkpointing=True, sft_gradient_checkpointing=False, eval_splits=(),
         multi_turn_grpo_steps=1, min_sft_steps=8, max_sft_steps=64,
     ),
     "full": Budget(
