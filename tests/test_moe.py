@@ -311,8 +311,8 @@ def test_route_config_defaults_are_the_nightly_settings_with_help_for_every_fiel
 
     route = RouteConfig()
     assert (route.top_k, route.mode, route.seed, route.null_expert) == (1, "request", 0, True)
-    assert (route.steps, route.batch_size, route.learning_rate, route.probe_steps) == (8, 4, 2e-2, 200)
-    assert (route.train_examples, route.heldout_fraction, route.val_examples) == (16, 0.2, 4)
+    assert (route.steps, route.batch_size, route.learning_rate, route.probe_steps) == (0, 4, 2e-2, 200)
+    assert (route.train_examples, route.heldout_fraction, route.val_examples) == (8, 0.2, 4)
     assert all(spec.metadata.get("help", "").strip() for spec in fields(RouteConfig))
     # The fit settings come from the route settings: FitConfig has no second set of defaults for them.
     fit = route.fit_config()
@@ -330,7 +330,7 @@ def test_route_config_defaults_are_the_nightly_settings_with_help_for_every_fiel
     ({"top_k": 0}, "route.top_k must be at least 1, got 0; send e.g. 1"),
     ({"mode": "sequence"}, "route.mode must be one of token, request"),
     ({"null_expert": "yes"}, "route.null_expert must be true or false"),
-    ({"steps": 2.5}, "route.steps must be an integer, got 2.5; send e.g. 8"),
+    ({"steps": 2.5}, "route.steps must be an integer, got 2.5; send e.g. 0"),
     ({"learning_rate": "2e-2"}, "write 2.0e-2 or 0.02"),
     ({"learning_rate": 0}, "route.learning_rate must be above 0"),
     ({"heldout_fraction": 1.0}, "route.heldout_fraction must be below 1"),
