@@ -245,7 +245,8 @@ def nightly_flow(logs: list[str], home: str | None = None, outcomes: str | None 
                             base_model=base_model, lineage=lineage, parent_run_id=parent_id)
             evaluation = _timed(seconds, "evaluate", evaluate_flow, home=home, base_model=base_model,
                                 adapters=trained.adapters, generic=trained.generic,
-                                composite=routed, parent_run_id=parent_id)
+                                composite=routed, parent_run_id=parent_id,
+                                not_trained={p.capability: p.deferred for p in trained.plan if p.deferred})
             decision = _timed(seconds, "promote", promote_flow, home=home, evaluation=evaluation,
                               composite=routed, parent_run_id=parent_id)
             stages.update(train=trained, route=routed, evaluate=evaluation, promote=decision)
