@@ -123,19 +123,16 @@ def load(home: str | Path | None = None) -> Settings:
 
 
 # Default train.time_budget, in reference steps (one LoRA r=16 SFT step of the embedded model at batch
-# 4 x 256). Issue 29's first night must fit 300 of them in all. The last measured night (README: 99 min on a
-# machine at ~6 s per reference step, so ~990 steps) spent ~57% in training, 32% evaluating and 7% routing;
-# its adapters took 30-43 reference steps each (single-turn-like) and ~100 (policy_adherence,
-# error_recovery), of which the plan counts only the steps: measured at budget small with the embedded model
-# (2 cores, loaded), tool_call_format's SFT step cost 0.47 reference steps and its GRPO step 5.4,
-# policy_adherence's SFT step 2.9 (6x); a multi-turn GRPO step ~40 (FACTS: 120 s at 3 s). Model loading and
-# the val scoring before and after each adapter come on top. 120 (adapters 90, generic LoRA 30) buys the
-# top-ranked capability's full schedule even when it is multi-turn (16 x 2.9 + 40 = 86), several cheap ones
-# otherwise, and leaves 180 for diagnosis, synthesis, routing and evaluation. Step costs are estimated
-# without running the model (traceops/train/cost_estimate.py; the night used to spend 58 reference steps
-# timing them) and the adapters' own steps, measured as they train, price later nights. What the ranked walk
-# leaves buys extra SFT steps (Budget.max_sft_steps), so a night spends its whole adapters' share.
-TRAIN_TIME_BUDGET = 120.0
+# 4 x 256). Issue 29's first night must fit 300 of them in all. The night measured at 120 (README) spent 132
+# on four adapters, 58 on the generic, 57 routing and 373 evaluating; evaluation grows with every capability
+# trained (base, generic and composite each play its 16 test tasks, its adapter too), so the first night
+# must train few. With estimated step costs (traceops/train/cost_estimate.py) on the bundled sample, 60
+# (adapters 45, generic LoRA 15) trains the top two capabilities (tool_selection 17 SFT + 1 GRPO steps,
+# policy_adherence 15 SFT) where 90 trains the same two with 2 and 1 more steps, and defers the rest to the
+# next nights, which train them first (reused adapters cost nothing). What the ranked walk leaves buys extra
+# SFT steps (Budget.max_sft_steps), so a night spends its whole adapters' share: a one-capability domain
+# (BFCL's tool_selection) gets 20 SFT steps at 60.
+TRAIN_TIME_BUDGET = 60.0
 # Share of train.time_budget that trains the generic-LoRA baseline (SFT on every trained capability's data).
 GENERIC_SHARE = 0.25
 
