@@ -15,7 +15,8 @@ reference steps, no-change rerun <= 20. Also the orchestration overhead share,
 
     .venv/bin/python benchmarks/nightly.py [--logs data/raw] [--outcomes FILE] [--budget small] [--keep]
 
-A second domain: ``--logs data/public/bfcl/logs --outcomes data/public/bfcl/outcomes.jsonl`` (see
+A second domain: ``--logs data/public/bfcl/logs --outcomes data/public/bfcl/outcomes.jsonl`` and a
+``--params`` file whose ``evaluate.requests.references`` names data/public/bfcl/references.jsonl (see
 data/public/bfcl/SOURCE.md).
 """
 
@@ -82,6 +83,8 @@ def main() -> None:
     parser.add_argument("--outcomes", type=Path, default=None,
                         help="outcomes side file for the logs (traceops run --outcomes)")
     parser.add_argument("--budget", default=None, help="override params.yaml train.budget (e.g. tiny)")
+    parser.add_argument("--params", type=Path, default=ROOT / "params.yaml",
+                        help="the params.yaml of the nights (e.g. a domain's evaluate.requests.references)")
     parser.add_argument("--catch-up", type=int, default=2,
                         help="nights at most that train what an earlier night deferred (0: none)")
     parser.add_argument("--first-only", action="store_true",
@@ -97,7 +100,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="traceops-bench-nightly-"))
     catch_up: list[tuple[float, dict]] = []
     try:
-        params = (ROOT / "params.yaml").read_text()
+        params = args.params.read_text()
         if args.budget:
             params = params.replace("budget: small", f"budget: {args.budget}")
         (home / "params.yaml").write_text(params)
