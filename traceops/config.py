@@ -171,13 +171,13 @@ def train_planning(settings: Settings) -> TrainPlanning:
 
 
 # Default train.rehearsal_share: the share of each adapter's SFT rows that are the agent's own logged
-# successes (traceops/train/rehearsal.py). At budget small an adapter sees 32 SFT rows a night, so 0.25 puts
-# about 8 logged successes beside 24 environment demonstrations (the draw alternates reply kinds, so a rare
-# kind is in the pool: the measured retail logs' 116 train-side successes hold 12 declines, all drawn); less
-# would leave a night with one or two, more costs time (a logged retail prompt is ~2,400 tokens, an
-# environment row ~600) and crowds out the capability the adapter is trained for. Continual-learning
-# practice mixes 10-50% replay.
-REHEARSAL_SHARE = 0.25
+# successes (traceops/train/rehearsal.py). Off by default until it is shown to pay: on the bundled retail
+# sample a logged prompt is ~2,400 tokens against ~600 for an environment row, so at 0.25 (about 8 logged
+# successes beside 24 demonstrations at budget small; continual-learning practice mixes 10-50% replay) the
+# batches holding one pad to ~2,450 tokens with gradient checkpointing, and a measured first night's
+# tool_selection SFT step took ~23 s against a ~5 s reference step (priced at 0.8 reference steps), which
+# alone overran the 300-step night. Its effect on the held-out real requests is not measured yet.
+REHEARSAL_SHARE = 0.0
 
 
 def rehearsal_share(settings: Settings) -> float:
