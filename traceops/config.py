@@ -126,12 +126,12 @@ def load(home: str | Path | None = None) -> Settings:
 # 4 x 256). Issue 29's first night must fit 300 of them in all. The night measured at 120 (README) spent 132
 # on four adapters, 58 on the generic, 57 routing and 373 evaluating; evaluation grows with every capability
 # trained (base, generic and composite each play its 16 test tasks, its adapter too), so the first night
-# must train few. With estimated step costs (traceops/train/cost_estimate.py) on the bundled sample, 60
-# (adapters 45, generic LoRA 15) trains the top two capabilities (tool_selection 17 SFT + 1 GRPO steps,
-# policy_adherence 15 SFT) where 90 trains the same two with 2 and 1 more steps, and defers the rest to the
-# next nights, which train them first (reused adapters cost nothing). What the ranked walk leaves buys extra
-# SFT steps (Budget.max_sft_steps), so a night spends its whole adapters' share: a one-capability domain
-# (BFCL's tool_selection) gets 20 SFT steps at 60.
+# must train few. At 60 (adapters 45, generic LoRA 15) a measured first night on the bundled sample trained
+# two capabilities (tool_selection 17 SFT + 1 GRPO steps, policy_adherence 15 SFT) and took 306 reference
+# steps in all, 102 of them training: the step-cost estimate was then about a third low, and was raised to
+# what that night's steps cost (traceops/train/cost_estimate.py). The rest are deferred to the next nights,
+# which train them first (reused adapters cost nothing). What the ranked walk leaves buys extra SFT steps
+# (Budget.max_sft_steps), so a night spends its whole adapters' share.
 TRAIN_TIME_BUDGET = 60.0
 # Share of train.time_budget that trains the generic-LoRA baseline (SFT on every trained capability's data).
 GENERIC_SHARE = 0.25
