@@ -17,7 +17,8 @@ from traceops.train.cost_estimate import (
     reference_flops,
     sft_work,
 )
-from traceops.train.step_cost import StepCosts, typical_step
+from traceops.train.step_cost import StepCosts
+from traceops.train.step_timing import typical_step
 
 # SmolLM2-135M's shape (the embedded model): 106M parameters in its linear layers, LM head apart.
 SHAPE = ModelShape(linear_params=106_168_320, hidden=576, layers=30, vocab=49_152)

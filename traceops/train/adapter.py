@@ -34,7 +34,7 @@ from traceops.train.data import (
 )
 from traceops.train.grpo import multi_turn_budget
 from traceops.train.rehearsal import Rehearsal, sft_budget
-from traceops.train.step_cost import step_timer, typical_step
+from traceops.train.step_timing import step_timer, typical_step
 
 LogCallback = Callable[[str, int, dict[str, float]], None]
 

@@ -16,9 +16,7 @@ Pure of MLflow and Prefect; the train task caches the result per (base model, en
 
 from __future__ import annotations
 
-import statistics
 import tempfile
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from typing import Any
 from traceops.train.budgets import Budget, get_budget
 from traceops.train.config import AdapterSettings
 from traceops.train.reference_step import ReferenceStep, time_reference_step
+from traceops.train.step_timing import step_timer, typical_step
 
 SFT_TIMED_STEPS = 2  # after one untimed warm-up step (allocator, kernels, optimizer state)
 
@@ -57,32 +56,6 @@ class StepCosts:
                    grpo=None if grpo_seconds is None else grpo_seconds / reference_seconds,
                    reference_seconds=reference_seconds, sft_seconds=sft_seconds, grpo_seconds=grpo_seconds,
                    multi_turn=multi_turn)
-
-
-def typical_step(seconds: list[float], warm_up: int = 1) -> float | None:
-    """The median of step times after the first ``warm_up`` (allocator, kernels, optimizer state), or of
-    all of them when there are no more; None when no step ran."""
-    if not seconds:
-        return None
-    return statistics.median(seconds[warm_up:] or seconds)
-
-
-def step_timer() -> Any:
-    """A trainer callback that records each optimizer step's wall time in its ``seconds`` list."""
-    from transformers import TrainerCallback
-
-    class StepTimer(TrainerCallback):
-        def __init__(self) -> None:
-            self.seconds: list[float] = []
-            self._start = 0.0
-
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self._start = time.perf_counter()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.seconds.append(time.perf_counter() - self._start)
-
-    return StepTimer()
 
 
 def measure_step_costs(capability: str, envs_dir: str | Path, base_model_dir: str | Path,
