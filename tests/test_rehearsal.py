@@ -182,6 +182,7 @@ def test_adapter_rehearses_the_drawn_logs_and_the_key_names_them(home: Path, tin
     from traceops.train import train_adapter
     from traceops.train.budgets import BUDGETS
 
+    (home / "params.yaml").write_text(yaml.safe_dump({"train": {"rehearsal_share": 0.25}}))  # default: off
     settings = config.load(home)
     trajectories = logs(40)
     append_trajectories(settings.paths, trajectories)
