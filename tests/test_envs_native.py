@@ -209,6 +209,12 @@ def test_verifier_is_type_aware_and_order_free(tasks):
     assert play(refusal, task, refusal.oracle() if refusal.reset(**task) else []) == 1.0
     name = task["tools"][0]["function"]["name"]
     assert play(refusal, task, [AssistantTurn(calls=(Call(name, {}),))]) == 0.0
+    # a call whose text did not parse is a broken call, not a decline (the grader's rule too)
+    cut_off = f'<tool_call>{{"name": "{name}", "arguments": {{"'
+    assert play(refusal, task, [AssistantTurn(content=cut_off)]) == 0.0
+    assert play(refusal, task, [AssistantTurn(content="Sorry, I can't do that.")]) == 1.0
+    assert play(family, single, [AssistantTurn(calls=(Call(gold["name"], gold["arguments"]),)),
+                                 AssistantTurn(content=cut_off)]) < 1.0
 
 
 class _GoldAgent:

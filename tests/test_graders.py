@@ -142,6 +142,17 @@ def test_a_reference_without_calls_means_no_call_is_right() -> None:
     assert score(calls(PARIS), text("Which city do you mean?")) == 0.0
 
 
+def test_a_call_that_did_not_parse_is_not_a_decline() -> None:
+    decline = text("Sorry, no tool I have can do that.")
+    for broken in ('<tool_call>{"name": "get_weather", "arguments": {"city": "Par',  # cut off mid-call
+                   '<tool_call>get weather for Paris</tool_call>',
+                   'Sure: {"name": "get_weather", "arguments": {"city": Paris}}'):
+        reply = reply_from_text(broken)
+        assert not reply.tool_calls, broken  # nothing parsed: the text stays in the content
+        assert score(reply, decline) == 0.0, broken
+    assert score(reply_from_text("I can't help with that, sorry."), decline) == 1.0
+
+
 def test_malformed_arguments_match_only_the_same_raw_text() -> None:
     broken = ToolCall(id="a", name="get_weather", raw_arguments="{city: Paris")
     raw = Message(role="assistant", tool_calls=[broken])

@@ -27,6 +27,8 @@ from traceops.envs.native import is_native
 from traceops.envs.phrasing import NO_CALL_CLOSING
 from traceops.envs.verify import calls_reward, single_call_reward
 
+# The name a native episode records for a call whose text did not parse (no tool has it, so it never matches).
+UNPARSED_CALL = "<unparsed call>"
 SYSTEM_PROMPT = ("You are a service agent. Use the tools to fulfil the user's request exactly: call an API "
                  "through call_api with its name and a JSON object of arguments. Do not invent values.")
 
@@ -133,6 +135,16 @@ class ApiCallEnv(CachedDispatchEnvironment):
     def tools_vary(self) -> bool:
         """Native tasks bring their own tools."""
         return self._native
+
+    def respond(self, text: str) -> str | None:
+        """Native: a final text that tried a call which did not parse counts as a call that matches
+        nothing (the grader's rule, ``tool_call_match``), so a broken call never passes for a decline."""
+        from traceops.model.toolcalls import parse_tool_calls
+
+        if self._native and parse_tool_calls(text or "").malformed:
+            self._attempts += 1
+            self._calls.append((UNPARSED_CALL, {}))
+        return super().respond(text)
 
     def tool_names(self) -> list[str]:
         """The task's tools (native), else the class's."""

@@ -16,7 +16,9 @@ Two calls match when their names are equal and their arguments match:
 Parallel calls are matched as a multiset (a maximum one-to-one matching, so order does not matter)
 and the score is ``matched / max(len(reference calls), len(reply calls))``: a missing call, an
 extra call and a wrong call each cost the same share. A reference with no calls means the right
-answer is to call nothing: 1 when the reply makes no call, 0 otherwise.
+answer is to call nothing: 1 when the reply makes no call, 0 otherwise. A reply whose text tried a call
+that did not parse (a ``<tool_call>`` tag, call-shaped JSON or a Python call left in its content) made
+a call, a broken one: it is not a decline.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from traceops.errors import InputError
+from traceops.model.toolcalls import parse_tool_calls
 from traceops.schema import Message, ToolCall, ToolSpec
 
 
@@ -97,6 +100,12 @@ def _max_matching(edges: list[list[int]], right: int) -> int:
     return sum(augment(left, set()) for left in range(len(edges)))
 
 
+def tried_a_call(reply: Message) -> bool:
+    """Whether the reply's text holds a tool call that did not parse (``reply_from_text`` leaves it in
+    the content), so a truncated or malformed call never passes for a decline."""
+    return bool(reply.content) and parse_tool_calls(reply.content).malformed
+
+
 def tool_call_match(messages: list[Message], tools: list[ToolSpec], reply: Message,
                     reference: Message | None) -> float:
     """The share of tool calls the reply gets right (see the module docstring); needs a reference."""
@@ -106,6 +115,6 @@ def tool_call_match(messages: list[Message], tools: list[ToolSpec], reply: Messa
     want = reference.tool_calls or []
     got = reply.tool_calls or []
     if not want:
-        return 1.0 if not got else 0.0
+        return 1.0 if not got and not tried_a_call(reply) else 0.0
     edges = [[j for j, w in enumerate(want) if call_matches(g, w, tools)] for g in got]
     return _max_matching(edges, len(want)) / max(len(want), len(got))
