@@ -321,6 +321,10 @@ def test_tiny_sft_step_consumes_native_demos(tmp_path, tasks, tiny_model_dir):
     rows += sft_rows(refusal)
     # the right reply calls nothing
     assert [m["role"] for m in rows[-1]["messages"]] == ["system", "user", "assistant"]
+    # a request and its one reply, as the logs are: no tool result, no closing "Done." to learn
+    assert [m["role"] for m in rows[0]["messages"]] == ["system", "user", "assistant"]
+    assert "<tool_call>" in rows[0]["messages"][-1]["content"]
+    assert all("Done." not in m["content"] for row in rows for m in row["messages"])
     tokenizer = load_tokenizer(str(tiny_model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
     budget = replace(BUDGETS["tiny"], sft_steps=1, sft_batch_size=2, save_steps=100)

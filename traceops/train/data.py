@@ -115,9 +115,23 @@ def sft_rows(env_set: EnvironmentSet, rehearsal: Sequence[dict[str, Any]] = ()
 
 
 def sft_row(env: Environment, task: dict[str, Any]) -> dict[str, str | list[dict[str, str]]]:
-    """One SFT row: the oracle's demonstration and the tools (JSON) as shown on this task."""
+    """One SFT row: the oracle's demonstration and the tools (JSON) as shown on this task.
+
+    A task that brings its own tools (``tools_vary``: a domain's logged tools offered natively) is one
+    request and one reply, as the agent's logs and its held-out requests are: its row ends at that
+    reply. The oracle's closing text after the tool results ("Done.") would otherwise be a third of the
+    supervised turns, and a small model learns to answer the request itself with it.
+    """
     messages = demonstration(env, task)
+    if env.tools_vary():
+        messages = through_first_reply(messages)
     return {"messages": messages, "tools": json.dumps(env.tool_specs())}
+
+
+def through_first_reply(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The messages up to and including the first assistant message."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages) - 1)
+    return messages[:first + 1]
 
 
 def is_multi_turn(env_set: EnvironmentSet) -> bool:
