@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BFCL = ROOT / "data" / "public" / "bfcl"
 CATEGORIES = {"simple_python", "multiple", "parallel", "irrelevance"}
 HELDOUT = 0.25  # share of the logged tasks the night holds out and replays (evaluate.requests)
+PER_CATEGORY = 4  # logged records per category the tiny night reads
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -78,17 +79,36 @@ def test_bundled_logs_ingest_every_record_with_its_outcome() -> None:
         assert trajectory.outcome.success == outcomes[trajectory.task_id].success
 
 
+def first_per_category(folder: Path, n: int) -> tuple[Path, Path]:
+    """The bundled logs' first ``n`` records of each category and their outcomes, written under ``folder``
+    (the tiny night needs no more; the benchmark runs all of them)."""
+    seen: dict[str, int] = {}
+    rows = []
+    for row in read_jsonl(BFCL / "logs" / "embedded.jsonl"):
+        seen[row["metadata"]["category"]] = seen.get(row["metadata"]["category"], 0) + 1
+        if seen[row["metadata"]["category"]] <= n:
+            rows.append(row)
+    kept = {row["task_id"] for row in rows}
+    (folder / "logs").mkdir(parents=True)
+    logs = folder / "logs" / "embedded.jsonl"
+    logs.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    outcomes = folder / "outcomes.jsonl"
+    outcomes.write_text("".join(json.dumps(row) + "\n" for row in read_jsonl(BFCL / "outcomes.jsonl")
+                                if row["task_id"] in kept), encoding="utf-8")
+    return logs.parent, outcomes
+
+
 @pytest.mark.slow
 def test_a_tiny_night_on_the_bfcl_logs(home: Path, tiny_model_dir: Path) -> None:
-    """`traceops run --logs ... --outcomes ...` on the bundled BFCL logs with the tiny model: every record
-    is ingested, diagnosis selects a capability, synthesis writes its environments, an adapter trains and
-    registers, and evaluation runs."""
+    """`traceops run --logs ... --outcomes ...` on the bundled BFCL logs (4 per category) with the tiny
+    model: every record is ingested, diagnosis selects a capability, synthesis writes its environments,
+    an adapter trains and registers, and evaluation runs."""
     write_parameters(home, tiny_model_dir)
     params = yaml.safe_load((home / "params.yaml").read_text())
     params["evaluate"]["requests"] = {"heldout_fraction": HELDOUT, "seed": 0,
                                       "references": str(BFCL / "references.jsonl")}
     (home / "params.yaml").write_text(yaml.safe_dump(params))
-    logs, outcomes = BFCL / "logs", BFCL / "outcomes.jsonl"
+    logs, outcomes = first_per_category(home / "bfcl-sample", PER_CATEGORY)
     logged = [row["task_id"] for path in sorted(logs.glob("*.jsonl")) for row in read_jsonl(path)]
     held = [task_id for task_id in logged if is_heldout(task_id, 0, HELDOUT)]
     assert held  # the split must leave something to replay

@@ -14,11 +14,12 @@ reproducible), and writes
   scored by ``tool_call_match`` against each of the task's reference replies (``references.jsonl``),
   best score = reward, success when it is 1.
 
-    .venv/bin/python data/public/bfcl/generate_logs.py [--per-category 10] [--max-new-tokens 128]
+    .venv/bin/python data/public/bfcl/generate_logs.py [--per-category 4] [--max-new-tokens 128]
 
-The defaults are the bundled run's (4 requests per category: 16 requests; see SOURCE.md for its
-time); ``--per-category 0`` runs every request. Each finished batch is appended to ``<logs>.partial``, so a
-run that stops resumes where it was (the two files are written, and the side file removed, at the end).
+The defaults are the bundled run's (every development request: 200; see SOURCE.md for its time);
+``--per-category N`` runs only the first N requests of each category. Each finished batch is appended
+to ``<logs>.partial``, so a run that stops resumes where it was (the two files are written, and the side
+file removed, at the end).
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def main() -> None:
     parser.add_argument("--model", default="embedded")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--per-category", type=int, default=4,
+    parser.add_argument("--per-category", type=int, default=0,
                         help="only the first N requests of each category, in file order (0: all)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N requests")
     args = parser.parse_args()
