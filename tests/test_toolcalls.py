@@ -92,7 +92,16 @@ def test_python_call_syntax() -> None:
 def test_python_call_is_never_executed() -> None:
     result = parse_tool_calls('f(a=__import__("os").system("echo pwned"))')
     assert result.calls == [] and result.malformed
-    assert any("not a literal" in error for error in result.errors)
+    assert any("not a JSON literal" in error for error in result.errors)
+
+
+def test_python_literals_become_json_values_or_the_call_is_malformed() -> None:
+    assert parse_tool_calls("f(point=(1, 2), tags=['a'])").calls == [("f", {"point": [1, 2], "tags": ["a"]})]
+    # a night's evaluation once died rendering a model's `f(ids={1, 2})` back into text
+    for text in ("f(ids={1, 2})", "f(raw=b'x')", "f(z=1j)", "f(m={1: 'a'})"):
+        result = parse_tool_calls(text)
+        assert result.calls == [] and result.malformed, text
+        assert assistant_text(result.content) == text
 
 
 def test_python_positional_arguments_flagged() -> None:

@@ -302,7 +302,19 @@ def _calls_from_json(value: Any, tagged: bool) -> tuple[list[ParsedCall] | None,
 
 
 def _literal_python(node: ast.expr) -> Any:
-    return ast.literal_eval(node)
+    """A Python literal as the JSON value a tool call carries: tuples become lists; a value JSON has no
+    form for (a set, bytes, a complex number, a dict with non-string keys) is a ValueError."""
+    return _as_json(ast.literal_eval(node))
+
+
+def _as_json(value: Any) -> Any:
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_as_json(item) for item in value]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: _as_json(item) for key, item in value.items()}
+    raise ValueError(f"{type(value).__name__} is not a JSON value")
 
 
 def _call_name(func: ast.expr) -> str | None:
@@ -350,7 +362,7 @@ def _calls_from_python(text: str) -> tuple[list[ParsedCall] | None, list[str]]:
             try:
                 arguments[keyword.arg] = _literal_python(keyword.value)
             except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
-                return None, [f"python call '{name}': argument '{keyword.arg}' is not a literal"]
+                return None, [f"python call '{name}': argument '{keyword.arg}' is not a JSON literal"]
         calls.append(ParsedCall(name, arguments))
     return calls, []
 
