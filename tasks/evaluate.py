@@ -37,7 +37,7 @@ from traceops.results import (
 from traceops.store import load_trajectories
 from traceops.tasks.cache import CACHED
 from traceops.tasks.retry import retry_unless_user_error
-from traceops.tasks.tracking import stage_run
+from traceops.tasks.tracking import stage_run, work_timer
 
 EVAL_JSON, REPORT_HTML = "eval.json", "report.html"
 
@@ -147,11 +147,12 @@ def evaluate_task(key: str, roles: list[dict[str, Any]], base_model: str = "embe
                            "capabilities": ",".join(capabilities), "replay_domain": domain,
                            "replayed_failures": len(failed),
                            "heldout_requests": len(selected.requests)}) as run:
-        reports, seconds = evaluate_roles(
-            specs, base_dir, paths.environments, capabilities, params, domain=domain, failed=failed,
-            progress=lambda role, done, total: shown.update("models", done, detail=f"{role} done"),
-            requests=selected, graders=graders, cache=cache,
-        )
+        with work_timer():
+            reports, seconds = evaluate_roles(
+                specs, base_dir, paths.environments, capabilities, params, domain=domain, failed=failed,
+                progress=lambda role, done, total: shown.update("models", done, detail=f"{role} done"),
+                requests=selected, graders=graders, cache=cache,
+            )
         mlflow.log_metrics({"eval_cache.hits": cache.hits, "eval_cache.misses": cache.misses})
         requests_meta = RequestsSummary(
             heldout_fraction=params.requests.heldout_fraction, seed=params.requests.seed,

@@ -11,7 +11,7 @@ from traceops.lineage import RAW_FILES_ARTIFACT, manifest_hash, raw_files_manife
 from traceops.results import IngestResult
 from traceops.tags import TAG_DATA_VERSION, TAG_RAW_FILES
 from traceops.tasks.retry import retry_unless_user_error
-from traceops.tasks.tracking import log_json, stage_run
+from traceops.tasks.tracking import log_json, stage_run, work_timer
 
 CURATED = "data/curated"
 
@@ -31,7 +31,8 @@ def ingest_task(paths: list[str], fmt: str = "auto", outcomes: str | None = None
                    params={"paths": paths, "format": fmt, "outcomes": outcomes}) as run:
         # What ingest was given, hashed before reading: the lineage audit checks these files later.
         raw_files = raw_files_manifest(paths, settings.paths.home)
-        result = ingest_paths(paths, settings, run_id=run.info.run_id, fmt=fmt, outcomes_file=outcomes)
+        with work_timer():
+            result = ingest_paths(paths, settings, run_id=run.info.run_id, fmt=fmt, outcomes_file=outcomes)
         settings.paths.curated.mkdir(parents=True, exist_ok=True)
         data_version = versioning.commit_data(settings.paths.home, CURATED)
         mlflow.log_metrics({"read": result.read, "accepted": result.accepted,

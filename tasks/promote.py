@@ -17,7 +17,7 @@ from traceops.promote import Gates, decide
 from traceops.results import PromoteResult, VersionRef
 from traceops.tags import TAG_CANDIDATE, TAG_DECISION
 from traceops.tasks.retry import retry_unless_user_error
-from traceops.tasks.tracking import log_json, stage_run
+from traceops.tasks.tracking import log_json, stage_run, work_timer
 
 
 def _version_of(meta: dict[str, Any], role: str) -> str | None:
@@ -77,7 +77,8 @@ def promote_task(eval_json: str, version: str | None = None, home: str | None = 
                         "run `traceops evaluate` again so both are compared on tonight's environments"
                     )
                 champion = reports[CHAMPION]
-            decision = decide(reports[COMPOSITE], champion, reports[BASE], gates)
+            with work_timer():
+                decision = decide(reports[COMPOSITE], champion, reports[BASE], gates)
             aliases = registry.promote_aliases(name, version, decision.promote)
             after = registry.get_alias(name, CHAMPION)
             result = PromoteResult(
