@@ -384,9 +384,13 @@ def test_tiny_adapter_trains_on_native_environments(tmp_path, tasks, tiny_model_
     folder = _write_folder(tmp_path / "envs", "tool_selection", tasks["tool_selection"][:8])
     (folder / "val.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks["tool_selection"][8:10]))
     budget = replace(BUDGETS["tiny"], sft_steps=2, save_steps=100, grpo_steps=1, eval_tasks=2, max_turns=2,
-                     eval_max_new_tokens=12, max_completion_length=12)
+                     eval_max_new_tokens=12, max_completion_length=12, native_sft_lr=2e-4)
     result = train_adapter("tool_selection", folder, tiny_model_dir, tmp_path / "out", budget=budget, seed=0)
     assert not result.config["multi_turn"] and len(result.sft_losses) == 2 and len(result.grpo_rewards) == 1
+    # tasks that bring their own tools train at the budget's native SFT learning rate
+    assert result.config["budget"]["sft_lr"] == 2e-4
+    logged = json.loads((tmp_path / "out" / "train_logs.json").read_text())["sft"]
+    assert [row["learning_rate"] for row in logged if "learning_rate" in row] == [2e-4, 2e-4]
     assert result.val_before["n"] == 2 and 0.0 <= result.val_after["success"] <= 1.0
 
 

@@ -12,7 +12,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from traceops.train.budgets import Budget, check_fits, get_budget
 from traceops.train.config import AdapterSettings
 from traceops.train.data import (
     EnvironmentSet,
+    brings_own_tools,
     grpo_rows,
     is_multi_turn,
     load_environment_set,
@@ -213,6 +214,8 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
     chosen = get_budget(budget)
     rehearsed = rehearsal.rows if rehearsal is not None else []
     env_set = load_environment_set(envs_dir, capability)
+    if chosen.native_sft_lr is not None and brings_own_tools(env_set):
+        chosen = replace(chosen, sft_lr=chosen.native_sft_lr)
     base_dir, out, tokenizer = prepare_training(base_model_dir, out_dir, chosen, settings, seed)
     multi_turn = is_multi_turn(env_set)
     config = {

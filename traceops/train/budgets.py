@@ -72,6 +72,11 @@ class Budget:
     # The most SFT steps an adapter gets when the night's plan has time left after every capability's
     # schedule (traceops/train/plan.py spends it on learning); None: never more than ``sft_steps``.
     max_sft_steps: int | None = None
+    # SFT learning rate of environments that bring their own tools (a domain's logged tools offered
+    # natively: one request and one short reply a row); None: ``sft_lr``. On a BFCL night's native
+    # tool_selection rows, 13 steps at 1e-3 collapsed onto the one decline text (2 of 32 held-out real
+    # requests, every reply a decline); at 3e-4 the adapter made calls (6 of 32, base 5).
+    native_sft_lr: float | None = None
 
     @property
     def sft_checkpointing(self) -> bool:
@@ -114,7 +119,7 @@ BUDGETS: dict[str, Budget] = {
         grpo_steps=2, grpo_prompts_per_step=1, num_generations=4, max_completion_length=96, grpo_lr=1e-5,
         max_turns=9, eval_tasks=4, eval_max_new_tokens=100, save_steps=4, eval_max_turns=9,
         gradient_checkpointing=True, sft_gradient_checkpointing=False, eval_splits=(),
-        multi_turn_grpo_steps=1, min_sft_steps=8, max_sft_steps=64,
+        multi_turn_grpo_steps=1, min_sft_steps=8, max_sft_steps=64, native_sft_lr=3e-4,
     ),
     "full": Budget(
         name="full", sft_steps=400, sft_batch_size=16, sft_max_length=2048, sft_lr=2e-4,

@@ -134,6 +134,17 @@ def through_first_reply(messages: list[dict[str, str]]) -> list[dict[str, str]]:
     return messages[:first + 1]
 
 
+def brings_own_tools(env_set: EnvironmentSet) -> bool:
+    """True when the environments' tasks bring their own tools (``Environment.tools_vary``: a domain's
+    logged tools offered natively), read on the first train task."""
+    tasks = env_set.tasks("train")
+    if not tasks:
+        return False
+    env = env_set.factory()
+    env.reset(**tasks[0])
+    return env.tools_vary()
+
+
 def is_multi_turn(env_set: EnvironmentSet) -> bool:
     """True when any train task's oracle needs more than one assistant turn. Tasks that bring their own
     tools (``Environment.tools_vary``) are single-turn: TRL's ``environment_factory`` reads tools from
