@@ -138,7 +138,7 @@ def logs() -> list[Trajectory]:
 
 @pytest.fixture(scope="module")
 def grounding(logs):
-    return build_grounding(logs)
+    return build_grounding(logs, interface="catalog")  # the call-API families' catalog interface
 
 
 # ----- registry -------------------------------------------------------------------------------------------

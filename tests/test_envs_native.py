@@ -46,7 +46,7 @@ def grounding(logs):
 
 @pytest.fixture(scope="module")
 def tasks(grounding) -> dict[str, list[dict[str, Any]]]:
-    return {name: FAMILIES[name].generate(grounding, 3, 24) for name in NATIVE_FAMILIES}
+    return {name: FAMILIES[name].generate(grounding, 3, 48) for name in NATIVE_FAMILIES}
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +94,10 @@ def test_grounding_speaks_natively_and_mines_the_logged_phrasings(grounding, log
         for template in templates:
             assert not re.search(r"\d", template["text"])  # no logged value survives in a template
             assert not any(v in template["text"] for v in logged if len(v) > 3)
-    # the bundled retail domain keeps its catalog interface
+    # the bundled retail domain speaks its tools natively too; the catalog interface is there when asked for
     retail = [t.model_copy(update={"domain": "retail"}) for t in logs]
-    assert build_grounding(retail).interface == "catalog"
+    assert build_grounding(retail).interface == "native"
+    assert build_grounding(retail, interface="catalog").interface == "catalog"
 
 
 def test_mining_rejects_requests_that_would_copy_values():
@@ -167,8 +168,12 @@ def test_requests_read_like_users(tasks, grounding):
                         assert spoken_value(value) in text, (value, text)
 
 
-def test_task_kinds_single_selection_parallel_and_no_call(tasks):
+def test_task_kinds_single_selection_parallel_and_no_call(tasks, grounding):
+    from dataclasses import replace
+
+    composed = replace(grounding, exchanges=())  # the kinds composed beside the replayed logged exchanges
     every = [t for family_tasks in tasks.values() for t in family_tasks]
+    every += [t for name in NATIVE_FAMILIES for t in FAMILIES[name].generate(composed, 3, 60)]
     single = [t for t in every if len(t["gold"]["calls"]) == 1]
     assert any(len(t["tools"]) == 1 for t in single)
     assert any(len(t["tools"]) >= 4 for t in single)  # selection among distractors from the logs
@@ -273,7 +278,8 @@ def test_training_and_served_prompts_render_the_same_tools(which, request, tmp_p
     from traceops.train.data import grpo_rows, is_multi_turn, load_environment_set, sft_rows
 
     tasks = request.getfixturevalue(which)
-    folder = _write_folder(tmp_path / "sel", "tool_selection", tasks["tool_selection"][:6])
+    calling = [t for t in tasks["tool_selection"] if t["gold"]["calls"]]
+    folder = _write_folder(tmp_path / "sel", "tool_selection", calling[:6])
     env_set = load_environment_set(folder)
     assert not is_multi_turn(env_set)  # per-task tools: single-turn GRPO on the replayed reply
     tokenizer = load_tokenizer(str(tiny_model_dir))
@@ -404,7 +410,7 @@ def test_grounding_mines_the_most_common_system_prompt_per_tool_set(logs, prompt
     # logs without system messages keep today's grounding (and hash); the catalog domain ignores them
     assert grounding.system_prompts == () and "system_prompts" not in grounding.to_dict()
     retail = [t.model_copy(update={"domain": "retail"}) for t in prompted_logs]
-    assert build_grounding(retail).system_prompts == ()
+    assert build_grounding(retail, interface="catalog").system_prompts == ()
     # mined from the requests synthesis may read (the train split: phrasing_from), not from the seeds alone
     assert build_grounding(prompted_logs, phrasing_from=logs).system_prompts == ()
     assert build_grounding(logs[:3], phrasing_from=prompted_logs).system_prompts == mined.system_prompts
@@ -458,7 +464,7 @@ def test_catalog_export_is_unchanged_and_native_export_needs_the_tokenizer(logs,
     from traceops.envs.export import dataset_rows, to_dataset
     from traceops.errors import ConfigError
 
-    retail = build_grounding([t.model_copy(update={"domain": "retail"}) for t in logs])
+    retail = build_grounding([t.model_copy(update={"domain": "retail"}) for t in logs], interface="catalog")
     family = FAMILIES["tool_selection"]
     catalog = family.generate(retail, 0, 4)
     assert to_dataset(catalog, family).to_list() == dataset_rows(catalog, family.env_class.system_prompt)

@@ -19,7 +19,7 @@ from traceops.envs.synthesize import SynthesisParams, load_split, synthesize
 from traceops.errors import ConfigError
 from traceops.schema import Label, Message, Outcome, Source, ToolCall, ToolSpec, Trajectory
 
-SMALL = {"train_size": 9, "val_size": 6, "test_size": 3}
+SMALL = {"train_size": 9, "val_size": 6, "test_size": 3, "interface": "catalog"}  # the call_api families
 
 
 def run(index: int, capability: str) -> Trajectory:
@@ -134,7 +134,7 @@ def test_synthesize_edge_cases(tmp_path: Path):
 
 def test_dataset_rows_reset_the_env(logs):
     family = get_family("argument_grounding")
-    tasks = family.generate(build_grounding(logs), 0, 4)
+    tasks = family.generate(build_grounding(logs, interface="catalog"), 0, 4)
     dataset = to_dataset(tasks, family)
     assert dataset.column_names == ["task_id", "capability", "level", "task_json", "prompt"]
     row = dataset[2]
@@ -145,7 +145,7 @@ def test_dataset_rows_reset_the_env(logs):
 
 def test_demonstrations_are_openai_messages(logs):
     family = get_family("multi_step_transaction")
-    task = family.generate(build_grounding(logs), 0, 3)[2]
+    task = family.generate(build_grounding(logs, interface="catalog"), 0, 3)[2]
     env = family.make_env()
     messages = demonstrations(env, task)
     assert [m["role"] for m in messages[:2]] == ["system", "user"]
@@ -164,7 +164,7 @@ def test_demonstrations_are_openai_messages(logs):
 
 def test_gym_env_runs_an_episode(logs):
     family = get_family("tool_call_format")
-    tasks = family.generate(build_grounding(logs), 0, 3)
+    tasks = family.generate(build_grounding(logs, interface="catalog"), 0, 3)
     env = TextEnv(family, tasks)
     observation, info = env.reset(seed=0, options={"task": tasks[0]})
     assert observation == tasks[0]["instruction"] and env.observation_space.contains(observation)
@@ -208,7 +208,7 @@ def noisy_oracle(capability: str, fail_rate: dict[int, float]):
 
 def test_calibration_picks_a_level_in_band(logs):
     family = get_family("tool_selection")
-    tasks = family.generate(build_grounding(logs), 0, 90)
+    tasks = family.generate(build_grounding(logs, interface="catalog"), 0, 90)
     episodes = policy_episodes(family, noisy_oracle("tool_selection", {1: 0.2, 2: 0.6, 3: 0.95}))
     result = calibrate(tasks, episodes, per_level=30)
     means = {lvl: v["mean_reward"] for lvl, v in result.levels.items()}
@@ -219,7 +219,7 @@ def test_calibration_picks_a_level_in_band(logs):
 
 def test_calibration_reports_zero_honestly(logs):
     family = get_family("tool_selection")
-    tasks = family.generate(build_grounding(logs), 0, 9)
+    tasks = family.generate(build_grounding(logs, interface="catalog"), 0, 9)
     silent = policy_episodes(family, lambda env, task: [AssistantTurn(content="I am not sure.")])
     result = calibrate(tasks, silent)
     assert not result.in_band and result.start_level == 1 and "even the easiest level scores 0" in result.note

@@ -147,13 +147,13 @@ def test_sft_rows_lengthen_for_rehearsal_and_checkpoint_when_memory_needs_it(tin
              "vocab": 49_152, "eager_attention": 0}  # SmolLM2-135M with LoRA r=16 on all projections
     long = Rehearsal(share=0.25, rows=[{"messages": [], "tools": "[]"}], tokens=[2452])
     short = Rehearsal(share=0.25, rows=[{"messages": [], "tools": "[]"}], tokens=[900])
-    assert sft_budget(small, None, sizes) is small and sft_budget(small, short, sizes) is small
-    roomy = sft_budget(small, long, sizes, available=64 * GIB)
+    assert sft_budget(small, 0, sizes) is small and sft_budget(small, short.max_tokens, sizes) is small
+    roomy = sft_budget(small, long.max_tokens, sizes, available=64 * GIB)
     assert roomy == replace(small, sft_max_length=2452) and not roomy.sft_checkpointing
-    tight = sft_budget(small, long, sizes, available=10 * GIB)  # ~16 GiB without checkpointing, ~7 with
+    tight = sft_budget(small, long.max_tokens, sizes, available=10 * GIB)  # ~16 GiB unchecked, ~7 with
     assert tight.sft_max_length == 2452 and tight.sft_checkpointing and tight.grpo_steps == small.grpo_steps
     with pytest.raises(ConfigError, match="GiB"):
-        sft_budget(small, long, sizes, available=2 * GIB)
+        sft_budget(small, long.max_tokens, sizes, available=2 * GIB)
 
 
 def test_rehearsal_share_is_validated(home: Path) -> None:

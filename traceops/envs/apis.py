@@ -202,11 +202,11 @@ class ApiCallEnv(CachedDispatchEnvironment):
 
     def oracle(self) -> list[AssistantTurn]:
         """The gold call through call_api, then a short confirmation (native: every gold call in one reply,
-        or, with none, a reply that declines)."""
+        or, with none, the logged reply of a replayed exchange, else a reply that declines)."""
         gold = self._task["gold"]
         if self._native:
             if not gold["calls"]:
-                return [AssistantTurn(content=NO_CALL_CLOSING)]
+                return [AssistantTurn(content=str(gold.get("reply") or NO_CALL_CLOSING))]
             calls = tuple(Call(c["name"], copy.deepcopy(c["arguments"])) for c in gold["calls"])
             return [AssistantTurn(calls=calls), AssistantTurn(content="Done.")]
         calls = list(self._task.get("lookups", [])) + [

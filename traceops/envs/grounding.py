@@ -45,7 +45,9 @@ class Grounding:
     ``system_prompts`` (native interface only): per logged tool set, ``{"tools": [sorted names],
     "content": the most common system message of its requests ("" when most had none), "requests"}``;
     empty when no logged request of the domain has a system message. ``requests``: how many logged
-    requests were answered (the denominator of ``no_call_replies`` and ``max_parallel``).
+    requests were answered (the denominator of ``no_call_replies`` and ``max_parallel``). ``exchanges``
+    (native interface only): the logged first exchanges whose reply succeeded, as request templates with a
+    ``count`` (``traceops.envs.exchanges``); ``answered_ok``: how many answered requests did not fail.
     """
 
     source: str
@@ -62,6 +64,8 @@ class Grounding:
     no_call_replies: int = 0
     system_prompts: tuple[dict[str, Any], ...] = ()
     requests: int = 0
+    exchanges: tuple[dict[str, Any], ...] = ()
+    answered_ok: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able view (observed values are summarized by count: they are evaluation data)."""
@@ -83,6 +87,9 @@ class Grounding:
             out["system_prompts"] = [dict(p) for p in self.system_prompts]
         if self.interface == "native":  # catalog groundings keep their earlier hash
             out["requests"] = self.requests
+        if self.exchanges:
+            out["exchanges"] = [dict(t) for t in self.exchanges]
+            out["answered_ok"] = self.answered_ok
         return out
 
     @property
@@ -255,20 +262,29 @@ def _sanitize_phrase(text: str) -> str | None:
 # Bundled domains whose call-API families keep the catalog interface their recorded results pin (the
 # domain's own environment, traceops.domains, speaks its tools natively); every other domain's logs are
 # spoken natively (DESIGN.md: "Environments speak the agent's own interface").
-CATALOG_DOMAINS = frozenset({"retail"})
+CATALOG_DOMAINS: frozenset[str] = frozenset()
 INTERFACES = ("native", "catalog")
 
 
-def _first_exchange(trajectory: Trajectory) -> tuple[str | None, list[Any] | None]:
-    """The first user request and the tool calls of the assistant message that answers it (None when
-    no assistant message follows)."""
+def _first_exchange(trajectory: Trajectory) -> tuple[str | None, list[Any] | None, str]:
+    """The first user request, the tool calls of the assistant message that answers it (None when no
+    assistant message follows) and that message's text."""
     request = None
     for message in trajectory.messages:
         if message.role == "user" and request is None:
             request = message.content or ""
         elif message.role == "assistant" and request is not None:
-            return request, list(message.tool_calls or [])
-    return request, None
+            return request, list(message.tool_calls or []), message.content or ""
+    return request, None, ""
+
+
+def _replayable(calls: Sequence[Any], text: str) -> bool:
+    """Whether a logged reply can be a replay's gold: every call parsed, and no call left unparsed in
+    its text (such a reply is a broken call, not a reply that called nothing)."""
+    from traceops.model.toolcalls import parse_tool_calls
+
+    return not any(c.raw_arguments is not None for c in calls) and not (
+        text and parse_tool_calls(text).malformed)
 
 
 def _system_text(trajectory: Trajectory) -> str:
@@ -317,6 +333,7 @@ def build_grounding(
     counts the replies (not failed) that called nothing. Native groundings also carry the system
     prompts of ``phrasing_from`` (``mine_system_prompts``): native tasks open with the agent's own.
     """
+    from traceops.envs.exchanges import MAX_EXCHANGES, exchange_key, mine_exchange
     from traceops.envs.phrasing import MAX_TEMPLATES, mine_template
 
     if interface is not None and interface not in INTERFACES:
@@ -366,13 +383,26 @@ def build_grounding(
                         if key not in keys and len(keys) < 16:
                             keys.append(str(key))
                     observed.update(str(leaf) for leaf in _leaves(parsed) if leaf is not None)
+    exchanges: dict[str, dict[str, Any]] = {}
+    answered_ok = 0
     for trajectory in phrasing_from if phrasing_from is not None else trajectories:
-        request, first_calls = _first_exchange(trajectory)
+        request, first_calls, reply = _first_exchange(trajectory)
         if first_calls is None:
             continue
         max_parallel = max(max_parallel, len(first_calls))
         answered += 1
         no_call += int(not first_calls and not trajectory.outcome.failed)
+        if not trajectory.outcome.failed and request:
+            answered_ok += 1
+            exchange = mine_exchange(
+                request, [{"name": c.name, "arguments": c.arguments} for c in first_calls],
+                [spec.name for spec in trajectory.tools], reply) if _replayable(first_calls, reply) else None
+            if exchange is not None:
+                key = exchange_key(exchange)
+                if key in exchanges:
+                    exchanges[key]["count"] += 1
+                elif len(exchanges) < 8 * MAX_EXCHANGES:  # bounded; the most frequent are kept below
+                    exchanges[key] = {**exchange, "count": 1}
         if len(first_calls) == 1 and request and not trajectory.outcome.failed:
             mined = mine_template(request, first_calls[0].arguments)
             bucket = templates.setdefault(first_calls[0].name, [])
@@ -452,6 +482,9 @@ def build_grounding(
         max_parallel=max_parallel,
         no_call_replies=no_call,
         requests=answered,
+        exchanges=tuple(sorted(exchanges.values(), key=lambda t: (-t["count"], t["text"]))[:MAX_EXCHANGES])
+        if interface == "native" else (),
+        answered_ok=answered_ok if interface == "native" else 0,
         # Catalog families prompt with their own instructions: only native tasks carry the logged prompt.
         system_prompts=mine_system_prompts(phrasing_from if phrasing_from is not None else trajectories)
         if interface == "native" else (),

@@ -24,6 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from traceops.envs.exchanges import never_first_tools, replay_share, replay_task
 from traceops.envs.grounding import CITIES, Grounding, ValueFactory
 from traceops.envs.phrasing import compose_many, fill_template, joined, request_for
 from traceops.errors import TraceopsError
@@ -329,10 +330,16 @@ def no_call_share(grounding: Grounding) -> float:
 
 def selection_task(rng: random.Random, values: ValueFactory, grounding: Grounding, *, level: int,
                    offered: int) -> dict[str, Any]:
-    """A native tool-selection task mixed as real requests are (module docstring): a request no offered
+    """A native tool-selection task mixed as real requests are (module docstring): a replayed logged
+    exchange at the share of the logs' successful requests that mined one (``replay_share``), else a
+    request no offered
     tool serves (the logs' no-call share), several cases of one tool (``MULTI_CALL_SHARE``; at level 3
     and when the logs show parallel replies, half of them two different tools), else one call; one tool
     offered on half of the level-1 tasks, as many single-function requests are."""
+    if rng.random() < replay_share(grounding):
+        task = replay_task(rng, values, grounding)
+        if task is not None:
+            return task
     roll = rng.random()
     share = no_call_share(grounding)
     if roll < share:
@@ -341,15 +348,19 @@ def selection_task(rng: random.Random, values: ValueFactory, grounding: Groundin
             return task
     if level == 1 and rng.random() < 0.5:
         offered = 1
+    # Where the logs show which tools a right first reply calls (find the customer before acting on an
+    # order), composed requests ask for those: a direct call to another tool would contradict the logs.
+    never = never_first_tools(grounding)
+    prefer = [t for t in offered_tools(grounding) if t["name"] not in never] if never else []
     if roll < share + MULTI_CALL_SHARE:
         several = max(2, min(4, grounding.max_parallel))
         distinct = grounding.max_parallel > 1 and len(offered_tools(grounding)) > 1
         if level >= 3 and distinct and rng.random() < 0.5:
             return call_task(rng, values, grounding, offered=max(offered, 2), calls=2, distinct=True,
-                             optional=True)
+                             optional=True, prefer=prefer)
         return call_task(rng, values, grounding, offered=offered, calls=rng.randint(2, max(3, several)),
-                         optional=True)
-    return call_task(rng, values, grounding, offered=offered, optional=True)
+                         optional=True, prefer=prefer)
+    return call_task(rng, values, grounding, offered=offered, optional=True, prefer=prefer)
 
 
 def no_call_task(rng: random.Random, grounding: Grounding, offered: int, request: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from traceops.envs.calibration import Calibration, Episodes, calibrate
 from traceops.envs.families import FAMILIES
 from traceops.envs.family import Family, task_id
 from traceops.envs.folder import MANIFEST_NAME, read_task_specs
-from traceops.envs.grounding import assert_disjoint, build_grounding, select_seeds
+from traceops.envs.grounding import INTERFACES, assert_disjoint, build_grounding, select_seeds
 from traceops.envs.native import is_native
 from traceops.envs.rewrite import RewriteStats, rewrite_requests, shown_writer
 from traceops.envs.selftest import THRESHOLD, self_test
@@ -50,6 +50,9 @@ class SynthesisParams:
     threshold: float = THRESHOLD
     calibration_per_level: int = 8
     llm: str | None = None  # an OpenAI-compatible writer (URL#model) that rewrites requests; None: offline
+    # How call-API families present logged tools: None (native: the agent's own tools and prompt) or
+    # "catalog" (one call_api tool and a catalog in the instruction, the interface before issue 28).
+    interface: str | None = None
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None) -> SynthesisParams:
@@ -65,6 +68,9 @@ class SynthesisParams:
         for name in ("train_size", "val_size", "test_size", "seeds_per_capability", "calibration_per_level"):
             if int(getattr(params, name)) < 0:
                 raise ConfigError(f"params.yaml synthesize.{name} is {getattr(params, name)}; use 0 or more")
+        if params.interface not in (None, *INTERFACES):
+            raise ConfigError(f"params.yaml synthesize.interface is {params.interface!r}; use one of "
+                              f"{list(INTERFACES)} or null (native)")
         if not 0.0 < params.threshold <= 1.0:
             raise ConfigError("params.yaml synthesize.threshold must be in (0, 1]")
         return params
@@ -154,7 +160,7 @@ def synthesize_one(
         )
     # Phrasing and reply shapes come from every logged request, the tools and values from the seeds.
     grounding = build_grounding(basis, seed_ids=[t.id for t in seeds], exclude=exclude,
-                                phrasing_from=trajectories)
+                                phrasing_from=trajectories, interface=params.interface)
     if grounding.source == "default":
         notes.append(
             "the logs carry no tools (no schemas, no observed calls): the family uses its built-in "

@@ -79,6 +79,17 @@ def _log_callback(phase: str, on_log: LogCallback | None) -> Any:
     return ForwardLogs()
 
 
+def fitted_sft_budget(budget: Budget, tokenizer: Any, rows: list[dict[str, Any]], base_dir: str | Path,
+                      settings: AdapterSettings) -> Budget:
+    """``budget`` with SFT rows lengthened to the longest of ``rows`` when that is longer (``sft_budget``):
+    a task opening with a logged system prompt and tools is never cut inside its prompt."""
+    from traceops.train.sft import longest_row
+
+    longest = longest_row(tokenizer, rows)
+    return sft_budget(budget, longest, inspect_base(base_dir, settings)) if longest > budget.sft_max_length \
+        else budget
+
+
 def inspect_base(base_model_dir: str | Path, settings: AdapterSettings) -> dict[str, int]:
     """Check the base folder and that every target module exists; return its sizes (meta-device build)."""
     import torch
@@ -224,9 +235,12 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
         "tasks": {split: len(env_set.tasks(split)) for split in ("train", "val", "test")},
         "environments": env_set.source,
     }
-    sft_chosen = chosen
+    rows = sft_rows(env_set, rehearsed)
+    sft_chosen = fitted_sft_budget(chosen, tokenizer, rows, base_dir, settings)
+    if sft_chosen is not chosen:
+        config["sft_rows"] = {"sft_max_length": sft_chosen.sft_max_length,
+                              "sft_checkpointing": sft_chosen.sft_checkpointing}
     if rehearsal is not None and rehearsed:
-        sft_chosen = sft_budget(chosen, rehearsal, inspect_base(base_dir, settings))
         config["rehearsal"] = {**rehearsal.identity(), "sft_max_length": sft_chosen.sft_max_length,
                                "sft_checkpointing": sft_chosen.sft_checkpointing}
     rollout = multi_turn_budget(env_set, tokenizer, chosen) if multi_turn else chosen
@@ -259,7 +273,7 @@ def train_adapter(capability: str, envs_dir: str | Path, base_model_dir: str | P
 
         tick = time.perf_counter()
         timer = step_timer()  # this adapter's real step times: the cost cache's measured prices
-        trainer = build_sft_trainer(model, tokenizer, sft_rows(env_set, rehearsed), sft_chosen,
+        trainer = build_sft_trainer(model, tokenizer, rows, sft_chosen,
                                     ckpt.phase_dir(out, "sft"), seed, settings,
                                     callbacks=[_log_callback("sft", on_log), timer])
         resumed["sft"] = run_phase(trainer, out, "sft", resume)

@@ -28,6 +28,7 @@ from traceops.train.adapter import (
     _evaluate_splits,
     _load_base,
     _log_callback,
+    fitted_sft_budget,
     prepare_training,
     run_phase,
 )
@@ -115,7 +116,9 @@ def train_generic(envs_dirs: dict[str, str | Path], base_model_dir: str | Path, 
         from traceops.train.sft import build_sft_trainer
 
         tick = time.perf_counter()
-        trainer = build_sft_trainer(model, tokenizer, union_rows(env_sets, seed), chosen,
+        rows = union_rows(env_sets, seed)
+        trainer = build_sft_trainer(model, tokenizer, rows,
+                                    fitted_sft_budget(chosen, tokenizer, rows, base_dir, settings),
                                     ckpt.phase_dir(out, "sft"), seed, settings,
                                     callbacks=[_log_callback("sft", on_log)])
         resumed = run_phase(trainer, out, "sft", resume)

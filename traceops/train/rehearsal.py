@@ -80,16 +80,16 @@ class Rehearsal:
                 "trajectory_ids": list(self.trajectory_ids)}
 
 
-def sft_budget(budget: Budget, rehearsal: Rehearsal | None, sizes: dict[str, int],
-               available: int | None = None) -> Budget:
-    """The budget SFT runs with: ``budget`` itself, or with rows lengthened to the longest rehearsal row
-    when that is longer (a logged retail prompt is ~2,400 tokens, budget small's rows 1,792), with SFT
-    gradient checkpointing switched on when the longer rows would not fit the free memory without it.
-    Only SFT: GRPO's rows are the environments' own. ``sizes`` is ``adapter.inspect_base``'s; raises
-    ConfigError (``check_fits``'s, saying what to do) when not even checkpointing fits."""
-    if rehearsal is None or rehearsal.max_tokens <= budget.sft_max_length:
+def sft_budget(budget: Budget, longest: int, sizes: dict[str, int], available: int | None = None) -> Budget:
+    """The budget SFT runs with: ``budget`` itself, or with rows lengthened to the ``longest`` SFT row (in
+    tokens: a rehearsed run, or a task that opens with a logged prompt, ~2,400 tokens in retail against
+    budget small's 1,792) when that is longer, with SFT gradient checkpointing switched on when the longer
+    rows would not fit the free memory without it. Only SFT: GRPO's rows are the environments' own.
+    ``sizes`` is ``adapter.inspect_base``'s; raises ConfigError (``check_fits``'s, saying what to do) when
+    not even checkpointing fits."""
+    if longest <= budget.sft_max_length:
         return budget
-    longer = replace(budget, sft_max_length=rehearsal.max_tokens)
+    longer = replace(budget, sft_max_length=longest)
 
     def fits(candidate: Budget) -> Budget:
         # The SFT phase alone: a GRPO phase of one row, checkpointed, is never the larger of the two.

@@ -10,6 +10,7 @@ one process, no gradient checkpointing, a plain LM head. Otherwise TRL's own los
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,13 @@ def assistant_mask(tokenizer: Any, messages: list[dict[str, str]], tools: list[d
                                         return_assistant_tokens_mask=True,
                                         chat_template=training_chat_template())
     return list(out["input_ids"]), list(out["assistant_masks"])
+
+
+def longest_row(tokenizer: Any, rows: list[dict[str, Any]]) -> int:
+    """Tokens of the longest SFT row (``{"messages", "tools"}``, tools as a JSON string) as SFT tokenizes
+    it; 0 without rows."""
+    return max((len(assistant_mask(tokenizer, row["messages"], json.loads(row["tools"]) or None)[0])
+                for row in rows), default=0)
 
 
 def sft_args(budget: Budget, output_dir: Path, seed: int) -> Any:

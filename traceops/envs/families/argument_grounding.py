@@ -16,6 +16,7 @@ import random
 from typing import Any, ClassVar
 
 from traceops.envs.apis import ApiCallEnv, api_view, catalog_text, gold_arguments, render_value
+from traceops.envs.exchanges import replay_share, replay_task
 from traceops.envs.family import Family, opening
 from traceops.envs.grounding import Grounding, ValueFactory
 from traceops.envs.native import call_task
@@ -101,7 +102,12 @@ class ArgumentGroundingFamily(Family):
 
 def _native_task(rng: random.Random, values: ValueFactory, grounding: Grounding,
                  level: int) -> dict[str, Any]:
-    """Values to take out of prose; at level 2 one of them corrected, at level 3 several calls."""
+    """Values to take out of prose; at level 2 one of them corrected, at level 3 several calls; a
+    replayed logged exchange that makes calls at the logs' share (``replay_share``)."""
+    if rng.random() < replay_share(grounding):
+        task = replay_task(rng, values, grounding, with_calls=True)
+        if task is not None:
+            return task
     if level >= 3 and grounding.max_parallel > 1:
         count = rng.randint(2, min(3, grounding.max_parallel))
         return call_task(rng, values, grounding, offered=2, calls=count)
