@@ -278,3 +278,12 @@ def test_sft_text_extends_the_generation_prompt(smollm2_tokenizer) -> None:  # n
     assert completion == assistant_text("Checking.", [("get_weather", {"city": "Paris"})]) + "<|im_end|>\n"
     parsed = parse_tool_calls(completion.removesuffix("<|im_end|>\n"))
     assert parsed.calls == [("get_weather", {"city": "Paris"})] and parsed.content == "Checking."
+
+
+def test_a_text_that_tried_a_call_is_told_from_one_that_called_nothing():
+    from traceops.model.toolcalls import holds_unparsed_call
+
+    assert holds_unparsed_call('<tool_call>{"name": "f", "arguments": {email: "a@b.co"}</tool_call>')
+    assert not holds_unparsed_call("Sorry, I can only help with orders.")
+    assert not holds_unparsed_call('<tool_call>{"name": "f", "arguments": {}}</tool_call>')
+    assert not holds_unparsed_call(None) and not holds_unparsed_call("")

@@ -139,9 +139,9 @@ class ApiCallEnv(CachedDispatchEnvironment):
     def respond(self, text: str) -> str | None:
         """Native: a final text that tried a call which did not parse counts as a call that matches
         nothing (the grader's rule, ``tool_call_match``), so a broken call never passes for a decline."""
-        from traceops.model.toolcalls import parse_tool_calls
+        from traceops.model.toolcalls import holds_unparsed_call
 
-        if self._native and parse_tool_calls(text or "").malformed:
+        if self._native and holds_unparsed_call(text):
             self._attempts += 1
             self._calls.append((UNPARSED_CALL, {}))
         return super().respond(text)

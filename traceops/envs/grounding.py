@@ -281,10 +281,9 @@ def _first_exchange(trajectory: Trajectory) -> tuple[str | None, list[Any] | Non
 def _replayable(calls: Sequence[Any], text: str) -> bool:
     """Whether a logged reply can be a replay's gold: every call parsed, and no call left unparsed in
     its text (such a reply is a broken call, not a reply that called nothing)."""
-    from traceops.model.toolcalls import parse_tool_calls
+    from traceops.model.toolcalls import holds_unparsed_call
 
-    return not any(c.raw_arguments is not None for c in calls) and not (
-        text and parse_tool_calls(text).malformed)
+    return not any(c.raw_arguments is not None for c in calls) and not holds_unparsed_call(text)
 
 
 def _system_text(trajectory: Trajectory) -> str:

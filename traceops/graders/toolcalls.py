@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from traceops.errors import InputError
-from traceops.model.toolcalls import parse_tool_calls
+from traceops.model.toolcalls import holds_unparsed_call
 from traceops.schema import Message, ToolCall, ToolSpec
 
 
@@ -103,7 +103,7 @@ def _max_matching(edges: list[list[int]], right: int) -> int:
 def tried_a_call(reply: Message) -> bool:
     """Whether the reply's text holds a tool call that did not parse (``reply_from_text`` leaves it in
     the content), so a truncated or malformed call never passes for a decline."""
-    return bool(reply.content) and parse_tool_calls(reply.content).malformed
+    return holds_unparsed_call(reply.content)
 
 
 def tool_call_match(messages: list[Message], tools: list[ToolSpec], reply: Message,

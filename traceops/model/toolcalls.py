@@ -486,3 +486,9 @@ def parse_tool_calls(text: str) -> ParseResult:
     result.errors = list(dict.fromkeys(result.errors))  # the whole text and its fence can fail alike
     result.malformed = bool(result.errors)
     return result
+
+
+def holds_unparsed_call(text: str | None) -> bool:
+    """Whether ``text`` (a reply's content) tried a tool call that did not parse: such a reply is a broken
+    call, never a reply that called nothing (graders, native environments and mined exchanges agree)."""
+    return bool(text) and parse_tool_calls(text).malformed
