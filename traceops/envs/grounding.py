@@ -259,10 +259,8 @@ def _sanitize_phrase(text: str) -> str | None:
     return sentence
 
 
-# Bundled domains whose call-API families keep the catalog interface their recorded results pin (the
-# domain's own environment, traceops.domains, speaks its tools natively); every other domain's logs are
-# spoken natively (DESIGN.md: "Environments speak the agent's own interface").
-CATALOG_DOMAINS: frozenset[str] = frozenset()
+# How call-API families present logged tools: natively, as the agent saw them (the default; DESIGN.md:
+# "Environments speak the agent's own interface"), or in a catalog behind one call_api tool.
 INTERFACES = ("native", "catalog")
 
 
@@ -324,9 +322,9 @@ def build_grounding(
     built-in retail defaults are used and ``source`` is ``default``. Every observed argument and
     output value joins ``observed_values`` so that generated entities can be kept disjoint from them.
 
-    ``interface`` (``native`` or ``catalog``; None decides) is how the call-API families present the
-    tools: native (the logged specs as the model's own tools) for logged tools of any domain outside
-    ``CATALOG_DOMAINS``. Request templates are mined from the single-call requests of ``phrasing_from``
+    ``interface`` (``native``, the default, or ``catalog``) is how the call-API families present the
+    tools: native, the logged specs as the model's own tools, or one ``call_api`` tool over a catalog in
+    the instruction. Request templates are mined from the single-call requests of ``phrasing_from``
     (default: ``trajectories``) whose outcome is not a failure (a failed reply may have put a value in
     the wrong argument); ``max_parallel`` is the most calls one logged reply made, ``no_call_replies``
     counts the replies (not failed) that called nothing. Native groundings also carry the system
@@ -465,8 +463,7 @@ def build_grounding(
         tools.append(entry_tool)
     source = "logs" if schemas and set(called) <= set(schemas) else "inferred"
     domain = _majority(domains)
-    if interface is None:
-        interface = "catalog" if domain in CATALOG_DOMAINS else "native"
+    interface = interface or "native"
     return Grounding(
         source=source,
         domain=domain,
