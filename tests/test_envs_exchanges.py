@@ -102,7 +102,7 @@ def test_replayed_tasks_offer_the_logged_tools_and_prompt(grounding):
         assert sorted(s["function"]["name"] for s in task["tools"]) == sorted(logged_order)
         assert task["system_prompt"].startswith("# Retail customer-support agent policy")
     assert sum(not t["gold"]["calls"] for t in tasks) >= 3  # declines and questions back, as logged
-    assert all(t["gold"]["calls"] for t in [replay_task(rng, values, grounding, with_calls=True)
+    assert all(t["gold"]["calls"] for t in [replay_task(rng, values, grounding, calls=True)
                                              for _ in range(20)])
 
 
@@ -113,3 +113,19 @@ def test_retail_tool_selection_speaks_the_agent_interface(grounding, split):
     assert firsts.count("find_user_by_email") > len(tasks) / 3  # authenticate first, as the logs do
     assert not any(t["instruction"].startswith("APIs you can call") for t in tasks)
     assert all(s["function"]["name"] != "call_api" for t in tasks for s in t["tools"])
+
+
+def test_replays_follow_the_no_call_share_not_the_mix_of_successes(grounding, split):
+    from dataclasses import replace
+
+    from traceops.envs.native import no_call_share
+
+    _, heldout = split
+    tasks = FAMILIES["tool_selection"].generate(grounding, 0, 90, exclude=sorted(request_values(heldout)))
+    declines = sum(not t["gold"]["calls"] for t in tasks) / len(tasks)
+    assert 0.1 < no_call_share(grounding) < 0.3 and 0.05 < declines < 0.35
+    # a base agent's successes are mostly declines (BFCL): its replays must not turn most tasks into declines
+    declined = [{**t, "count": 20} if not t["calls"] else t for t in grounding.exchanges]
+    skewed = replace(grounding, exchanges=tuple(declined))
+    tasks = FAMILIES["tool_selection"].generate(skewed, 0, 90, exclude=sorted(request_values(heldout)))
+    assert sum(not t["gold"]["calls"] for t in tasks) / len(tasks) < 0.3

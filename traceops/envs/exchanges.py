@@ -226,15 +226,15 @@ def never_first_tools(grounding: Grounding) -> set[str]:
 
 
 def replay_task(rng: random.Random, values: ValueFactory, grounding: Grounding, *,
-                with_calls: bool = False) -> dict[str, Any] | None:
+                calls: bool | None = None) -> dict[str, Any] | None:
     """A native task replaying a logged exchange (drawn by how often the logs show it) with fresh values,
     offering the request's own tools with its logged system prompt; None when no template fits
-    (``with_calls``: only exchanges whose reply made calls)."""
+    (``calls``: True, only exchanges whose reply made calls; False, only those that made none)."""
     from traceops.envs.native import NATIVE, _with_system, function_spec, offered_tools
 
     usable = {t["name"]: t for t in offered_tools(grounding)}
     pool = [t for t in grounding.exchanges
-            if (t["calls"] or not with_calls) and all(c["name"] in usable for c in t["calls"])]
+            if (calls is None or bool(t["calls"]) == calls) and all(c["name"] in usable for c in t["calls"])]
     if not pool:
         return None
     template = rng.choices(pool, weights=[int(t.get("count", 1)) for t in pool])[0]

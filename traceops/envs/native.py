@@ -322,26 +322,30 @@ def unserved_task(rng: random.Random, values: ValueFactory, grounding: Grounding
 
 
 def no_call_share(grounding: Grounding) -> float:
-    """The share of logged requests rightly answered with no call, at most ``MAX_NO_CALL_SHARE``."""
-    if grounding.requests <= 0:
+    """The share of right first replies that call nothing, at most ``MAX_NO_CALL_SHARE``: of the logged
+    requests that did not fail (``answered_ok``; of all answered ones where a grounding does not count
+    them). A request that failed says nothing about what its right reply was."""
+    answered = grounding.answered_ok or grounding.requests
+    if answered <= 0:
         return 0.0
-    return min(MAX_NO_CALL_SHARE, grounding.no_call_replies / grounding.requests)
+    return min(MAX_NO_CALL_SHARE, grounding.no_call_replies / answered)
 
 
 def selection_task(rng: random.Random, values: ValueFactory, grounding: Grounding, *, level: int,
                    offered: int) -> dict[str, Any]:
-    """A native tool-selection task mixed as real requests are (module docstring): a replayed logged
-    exchange at the share of the logs' successful requests that mined one (``replay_share``), else a
-    request no offered
-    tool serves (the logs' no-call share), several cases of one tool (``MULTI_CALL_SHARE``; at level 3
-    and when the logs show parallel replies, half of them two different tools), else one call; one tool
-    offered on half of the level-1 tasks, as many single-function requests are."""
-    if rng.random() < replay_share(grounding):
-        task = replay_task(rng, values, grounding)
-        if task is not None:
-            return task
+    """A native tool-selection task mixed as real requests are (module docstring): at the logs' no-call
+    share a request whose right reply calls nothing, else one that needs calls; either a replayed logged
+    exchange of that kind at ``replay_share`` (a base agent's successes are mostly declines, so replays
+    are drawn within the kind, never by their own mix), or composed: a request no offered tool serves,
+    several cases of one tool (``MULTI_CALL_SHARE``; at level 3 and when the logs show parallel replies,
+    half of them two different tools), else one call; one tool offered on half of the level-1 tasks, as
+    many single-function requests are."""
     roll = rng.random()
     share = no_call_share(grounding)
+    if rng.random() < replay_share(grounding):
+        task = replay_task(rng, values, grounding, calls=roll >= share)
+        if task is not None:
+            return task
     if roll < share:
         task = unserved_task(rng, values, grounding, offered)
         if task is not None:

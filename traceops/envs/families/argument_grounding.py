@@ -105,7 +105,7 @@ def _native_task(rng: random.Random, values: ValueFactory, grounding: Grounding,
     """Values to take out of prose; at level 2 one of them corrected, at level 3 several calls; a
     replayed logged exchange that makes calls at the logs' share (``replay_share``)."""
     if rng.random() < replay_share(grounding):
-        task = replay_task(rng, values, grounding, with_calls=True)
+        task = replay_task(rng, values, grounding, calls=True)
         if task is not None:
             return task
     if level >= 3 and grounding.max_parallel > 1:
