@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from traceops.envs.exchanges import fill_exchange, mine_exchange, never_first_tools, replay_share, replay_task
+from traceops.envs.exchange_mining import mine_exchange
+from traceops.envs.exchanges import fill_exchange, never_first_tools, replay_share, replay_task
 from traceops.envs.families import FAMILIES
 from traceops.envs.grounding import ValueFactory, build_grounding
 from traceops.envs.native import check_task

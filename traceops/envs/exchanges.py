@@ -3,115 +3,26 @@
 An agent's production requests come in kinds ("my email is X, cancel order #W..."), and for each kind
 its logs show what a right first reply is: the tool it called first (find the customer before acting
 on an order), or no call at all (a question out of scope, a missing email to ask for). A native task
-built tool by tool cannot know that; a replayed exchange does. ``mine_exchange`` turns a logged request
-whose reply succeeded into a template: every value of the reply's calls found in the text becomes a slot,
-every other id- or number-like token of the text becomes a free slot of the same shape, and the tools
-offered are the request's own, in its order. ``replay_task`` fills a template with fresh values (digits
+built tool by tool cannot know that; a replayed exchange does. ``traceops.envs.exchange_mining`` turns
+a logged request whose reply succeeded into a template (values become slots, the request's own tools
+kept in order); ``replay_task`` fills a template with fresh values (digits
 redrawn in the logged shape, never a logged or evaluation value; new emails; names from the argument's
 logged examples), so the task reads like the logged request and its gold is the logged reply's pattern.
-
-Templates are kept only when the reply is reproducible from the text: an id-like or numeric argument
-value that the request does not state (a value the agent looked up or made up) rejects it, and a reply
-whose text holds a call that did not parse is never taken for a reply that called nothing.
 """
 
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from traceops.envs.grounding import _EMAIL, Grounding, ValueFactory, _shape
-from traceops.envs.phrasing import _value_texts, value_pattern
-from traceops.hashing import content_hash
+from traceops.envs.grounding import Grounding, ValueFactory
+from traceops.envs.native_tools import NATIVE, function_spec, offered_tools, parameters_of, with_system
+from traceops.envs.value_shapes import EMAIL, is_id_like
 
-# A token of the request that carries a value: an email, or any token with a digit in it.
-_VALUE_TOKEN = re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}|[#A-Za-z_\-]*\d[\w\-]*")
-_SLOT = "\0"
-MAX_TEXT = 600
-MAX_EXCHANGES = 64
-MAX_REPLY = 300
 MAX_REPLAY_SHARE = 0.5
 MAX_PATTERN_REPLAY_SHARE = 0.9
 NEVER_FIRST_EVIDENCE = 10
-
-
-def _is_id_like(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, (int, float)):
-        return True
-    return isinstance(value, str) and bool(_shape(value) or _EMAIL.match(value) or re.search(r"\d", value))
-
-
-def mine_exchange(request: str, calls: Sequence[Mapping[str, Any]], tools: Sequence[str],
-                  reply: str = "") -> dict[str, Any] | None:
-    """A template of one logged exchange, or None when it cannot be replayed faithfully.
-
-    ``calls``: the reply's calls as ``{"name", "arguments"}``; ``tools``: the names the request offered,
-    in order; ``reply``: the reply's text, kept for a reply without calls when it states no value.
-    Returns ``{"text", "slots", "calls", "tools"[, "reply"]}``: ``text`` holds ``|k|`` where slot ``k``
-    goes; a slot is ``{"arg": [call index, name], "value": logged value}`` or ``{"shape": token}``;
-    a call argument is ``{"slot": k}`` or ``{"value": v}`` (kept as logged)."""
-    if not request.strip() or len(request) > MAX_TEXT:
-        return None
-    spans: list[tuple[int, int, dict[str, Any]]] = []
-    out_calls: list[dict[str, Any]] = []
-    for index, call in enumerate(calls):
-        arguments: dict[str, Any] = {}
-        for name, value in (call.get("arguments") or {}).items():
-            texts = _value_texts(value)
-            found = list(value_pattern(texts[0], isinstance(value, (int, float))).finditer(request)) \
-                if texts else []
-            if len(found) == 1:
-                match = found[0]
-                if any(match.start() < end and start < match.end() for start, end, _ in spans):
-                    return None  # two arguments share a value: which one the text means is unknown
-                spans.append((match.start(), match.end(), {"arg": [index, name], "value": value}))
-                arguments[name] = {"slot": None, "span": match.start()}
-            elif any(_is_id_like(leaf) for leaf in _scalars(value)):
-                return None  # a value the text does not state: the reply cannot be reproduced from it
-            else:
-                arguments[name] = {"value": value}
-        out_calls.append({"name": call["name"], "arguments": arguments})
-    for match in _VALUE_TOKEN.finditer(request):
-        if not any(match.start() < end and start < match.end() for start, end, _ in spans):
-            spans.append((match.start(), match.end(), {"shape": match.group(0)}))
-    spans.sort(key=lambda s: s[0])
-    parts, slots, last, slot_of_span = [], [], 0, {}
-    for start, end, slot in spans:
-        parts.append(request[last:start].replace("|", "/"))
-        parts.append(f"|{len(slots)}|")
-        slot_of_span[start] = len(slots)
-        slots.append(slot)
-        last = end
-    parts.append(request[last:].replace("|", "/"))
-    for call in out_calls:
-        for name, arg in call["arguments"].items():
-            if "span" in arg:
-                call["arguments"][name] = {"slot": slot_of_span[arg["span"]]}
-    template: dict[str, Any] = {"text": "".join(parts), "slots": slots, "calls": out_calls,
-                                "tools": list(tools)}
-    if not calls and reply.strip() and len(reply) <= MAX_REPLY and not _VALUE_TOKEN.search(reply):
-        template["reply"] = reply.strip()
-    return template
-
-
-def exchange_key(template: Mapping[str, Any]) -> str:
-    """What makes two mined exchanges the same kind of request: the text, the calls' shape and the tools
-    (the logged values in the slots differ from request to request)."""
-    slots = [("arg", *s["arg"]) if "arg" in s else ("free", len(s["shape"])) for s in template["slots"]]
-    return content_hash({"text": template["text"], "slots": slots, "calls": template["calls"],
-                         "tools": template["tools"], "reply": template.get("reply", "")})
-
-
-def _scalars(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        return [leaf for item in value.values() for leaf in _scalars(item)]
-    if isinstance(value, list):
-        return [leaf for item in value for leaf in _scalars(item)]
-    return [value]
 
 
 def _redraw(token: str, rng: random.Random) -> str:
@@ -129,7 +40,7 @@ def _redraw(token: str, rng: random.Random) -> str:
 def fresh_like(token: str, values: ValueFactory) -> str:
     """A value of ``token``'s shape that is neither logged, excluded nor issued before: an email for an
     email, else the token with its digits redrawn."""
-    if _EMAIL.match(token):
+    if EMAIL.match(token):
         return values.fresh_email()
     for _ in range(1000):
         value = _redraw(token, values.rng)
@@ -141,8 +52,6 @@ def fresh_like(token: str, values: ValueFactory) -> str:
 
 def _argument_schema(grounding: Grounding, tool: str, name: str) -> tuple[dict[str, Any], list[Any]]:
     """The logged JSON schema of ``tool``'s argument ``name`` and its logged example values."""
-    from traceops.envs.native import parameters_of
-
     for entry in grounding.tools:
         if entry["name"] == tool:
             prop = (parameters_of(entry).get("properties") or {}).get(name)
@@ -170,9 +79,9 @@ def _fresh_value(slot: Mapping[str, Any], grounding: Grounding, tool: str, value
             if (low is None or value >= low) and (high is None or value <= high) and value not in taken:
                 return value
         return logged  # the schema's range leaves no fresh value of this shape
-    if _is_id_like(logged):
+    if is_id_like(logged):
         return fresh_like(str(logged), values)
-    words = [v for v in examples if isinstance(v, str) and not _is_id_like(v) and v not in taken]
+    words = [v for v in examples if isinstance(v, str) and not is_id_like(v) and v not in taken]
     return values.rng.choice(words) if words else logged
 
 
@@ -230,8 +139,6 @@ def replay_task(rng: random.Random, values: ValueFactory, grounding: Grounding, 
     """A native task replaying a logged exchange (drawn by how often the logs show it) with fresh values,
     offering the request's own tools with its logged system prompt; None when no template fits
     (``calls``: True, only exchanges whose reply made calls; False, only those that made none)."""
-    from traceops.envs.native import NATIVE, _with_system, function_spec, offered_tools
-
     usable = {t["name"]: t for t in offered_tools(grounding)}
     pool = [t for t in grounding.exchanges
             if (calls is None or bool(t["calls"]) == calls) and all(c["name"] in usable for c in t["calls"])]
@@ -243,5 +150,5 @@ def replay_task(rng: random.Random, values: ValueFactory, grounding: Grounding, 
     gold: dict[str, Any] = {"calls": calls}
     if template.get("reply"):
         gold["reply"] = template["reply"]
-    return _with_system({"interface": NATIVE, "tools": [function_spec(t) for t in menu], "gold": gold,
+    return with_system({"interface": NATIVE, "tools": [function_spec(t) for t in menu], "gold": gold,
                          "instruction": instruction}, grounding)

@@ -19,13 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from traceops.envs.exchange_mining import MAX_EXCHANGES, exchange_key, mine_exchange
+from traceops.envs.value_shapes import EMAIL as _EMAIL
+from traceops.envs.value_shapes import shape as _shape
 from traceops.errors import TraceopsError
 from traceops.hashing import content_hash
 from traceops.schema import Trajectory
 
 SCALAR_TYPES = ("string", "integer", "number", "boolean")
-_ID_SHAPE = re.compile(r"^([A-Za-z_#\-]*?[_#\-]?[A-Za-z]*)(\d{2,})$")
-_EMAIL = re.compile(r"^[A-Za-z0-9._%+\-]+@([A-Za-z0-9.\-]+\.[A-Za-z]{2,})$")
 _UNSAFE_PHRASE = re.compile(r"[\d@#]")
 MAX_EXAMPLES = 8
 
@@ -244,11 +245,6 @@ def _id_kind(arg_name: str) -> str | None:
     return None
 
 
-def _shape(value: str) -> tuple[str, int] | None:
-    match = _ID_SHAPE.match(value)
-    if not match or not match.group(1):
-        return None
-    return match.group(1), len(match.group(2))
 
 
 def _sanitize_phrase(text: str) -> str | None:
@@ -330,7 +326,6 @@ def build_grounding(
     counts the replies (not failed) that called nothing. Native groundings also carry the system
     prompts of ``phrasing_from`` (``mine_system_prompts``): native tasks open with the agent's own.
     """
-    from traceops.envs.exchanges import MAX_EXCHANGES, exchange_key, mine_exchange
     from traceops.envs.phrasing import MAX_TEMPLATES, mine_template
 
     if interface is not None and interface not in INTERFACES:

@@ -26,10 +26,16 @@ from typing import Any
 
 from traceops.envs.exchanges import never_first_tools, replay_share, replay_task
 from traceops.envs.grounding import CITIES, Grounding, ValueFactory
+from traceops.envs.native_tools import NATIVE as NATIVE
+from traceops.envs.native_tools import function_spec as function_spec
+from traceops.envs.native_tools import is_native as is_native
+from traceops.envs.native_tools import offered_tools as offered_tools
+from traceops.envs.native_tools import parameters_of as parameters_of
+from traceops.envs.native_tools import system_prompt_for as system_prompt_for
+from traceops.envs.native_tools import with_system
 from traceops.envs.phrasing import compose_many, fill_template, joined, request_for
 from traceops.errors import TraceopsError
 
-NATIVE = "native"
 OPTIONAL_SHARE = 0.5  # chance that a request states (and the gold call sets) each optional argument
 MULTI_CALL_SHARE = 0.25  # selection requests asking one tool for several cases
 MAX_NO_CALL_SHARE = 0.3  # selection requests no offered tool serves, at most (else the logs' share)
@@ -45,37 +51,6 @@ _GENERIC_WORDS = frozenset({
 
 class NativeTaskError(TraceopsError):
     """A native task's gold call does not validate against its tool's schema (or the schema is invalid)."""
-
-
-def is_native(task: Mapping[str, Any]) -> bool:
-    """Whether a task spec speaks the native interface."""
-    return task.get("interface") == NATIVE
-
-
-def parameters_of(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """The tool's JSON schema: the logged one verbatim, else one built from the inferred arguments."""
-    native = tool.get("native")
-    if isinstance(native, Mapping) and isinstance(native.get("parameters"), Mapping):
-        return dict(native["parameters"])
-    props: dict[str, Any] = {}
-    for arg in tool["args"]:
-        prop: dict[str, Any] = {"type": arg.get("type", "string")}
-        if arg.get("description"):
-            prop["description"] = arg["description"]
-        if arg.get("enum"):
-            prop["enum"] = list(arg["enum"])
-        if arg.get("properties"):
-            prop["properties"] = {k: {"type": t} for k, t in arg["properties"].items()}
-        props[arg["name"]] = prop
-    return {"type": "object", "properties": props, "required": list(tool.get("required", []))}
-
-
-def function_spec(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """The OpenAI function spec of a grounded tool, as the agent was shown it."""
-    native = tool.get("native") if isinstance(tool.get("native"), Mapping) else {}
-    description = str(native.get("description", tool.get("description", "")))
-    return {"type": "function",
-            "function": {"name": tool["name"], "description": description, "parameters": parameters_of(tool)}}
 
 
 def _type(schema: Mapping[str, Any]) -> str:
@@ -210,36 +185,6 @@ def check_task(task: Mapping[str, Any]) -> None:
                                   f"or the tool's schema in the logs")
 
 
-def offered_tools(grounding: Grounding) -> list[dict[str, Any]]:
-    """The grounded tools a native task may offer: those whose logged schema is usable (the others are
-    reported by synthesis, ``schema_problem``). Where the logs show schemas, only tools they show: a
-    name the agent called without ever being offered it is its invention (a BFCL base model's
-    ``restaurant_find_group_by_location``, object-typed arguments and no description), not a tool."""
-    usable = [t for t in grounding.tools if not t.get("schema_problem")]
-    shown = [t for t in usable if isinstance(t.get("native"), Mapping)]
-    return shown or usable
-
-
-def system_prompt_for(grounding: Grounding, names: Sequence[str]) -> str:
-    """The logged system prompt of a task offering the tools ``names``: that of the logged tool set that
-    offered all of them (most requests first, then the smallest set), else of the set sharing the most of
-    them; "" when the logs show none for them (the task is then prompted without a system message)."""
-    offered = set(names)
-
-    def fit(entry: Mapping[str, Any]) -> tuple[bool, int, int, int]:
-        tools = set(entry["tools"])
-        return offered <= tools, len(offered & tools), int(entry["requests"]), -len(tools)
-
-    candidates = [e for e in grounding.system_prompts if offered & set(e["tools"])]
-    return str(max(candidates, key=fit)["content"]) if candidates else ""
-
-
-def _with_system(task: dict[str, Any], grounding: Grounding) -> dict[str, Any]:
-    """``task`` plus its logged ``system_prompt`` when there is one (specs of logs without keep their ids)."""
-    text = system_prompt_for(grounding, [s["function"]["name"] for s in task["tools"]])
-    return {**task, "system_prompt": text} if text else task
-
-
 def _one_call(rng: random.Random, values: ValueFactory, grounding: Grounding, tool: Mapping[str, Any],
               *, all_args: bool, optional: bool = False) -> tuple[dict[str, Any], str]:
     """A gold call to ``tool`` and its request: a mined template of the tool when one fits, else prose
@@ -294,7 +239,7 @@ def call_task(rng: random.Random, values: ValueFactory, grounding: Grounding, *,
             gold.append(call)
             requests.append(request)
         instruction = joined(requests)
-    return _with_system({"interface": NATIVE, "tools": [function_spec(t) for t in menu],
+    return with_system({"interface": NATIVE, "tools": [function_spec(t) for t in menu],
                          "gold": {"calls": gold}, "instruction": instruction}, grounding)
 
 
@@ -317,7 +262,7 @@ def unserved_task(rng: random.Random, values: ValueFactory, grounding: Grounding
         return None
     rng.shuffle(menu)
     _, request = _one_call(rng, values, grounding, asked, all_args=False, optional=True)
-    return _with_system({"interface": NATIVE, "tools": [function_spec(t) for t in menu[: max(1, offered)]],
+    return with_system({"interface": NATIVE, "tools": [function_spec(t) for t in menu[: max(1, offered)]],
                          "gold": {"calls": []}, "instruction": request}, grounding)
 
 
@@ -374,5 +319,5 @@ def no_call_task(rng: random.Random, grounding: Grounding, offered: int, request
         raise NativeTaskError("no logged tool has a usable JSON schema (see the manifest's notes); fix the "
                               "tools' parameters in the logs")
     rng.shuffle(menu)
-    return _with_system({"interface": NATIVE, "tools": [function_spec(t) for t in menu[: max(1, offered)]],
+    return with_system({"interface": NATIVE, "tools": [function_spec(t) for t in menu[: max(1, offered)]],
                          "gold": {"calls": []}, "instruction": request}, grounding)

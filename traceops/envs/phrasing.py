@@ -39,7 +39,7 @@ FRAMES = (
 NO_CALL_CLOSING = "Sorry, none of the tools I have can do that, so I can't help with this request."
 
 
-def _value_texts(value: Any) -> list[str]:
+def value_texts(value: Any) -> list[str]:
     """The ways a logged value is written in a user's text."""
     if isinstance(value, bool) or value is None:
         return []
@@ -67,7 +67,7 @@ def mine_template(request: str, arguments: Mapping[str, Any]) -> dict[str, Any] 
         return None
     spans: list[tuple[int, int, str]] = []
     for name, value in arguments.items():
-        texts = _value_texts(value)
+        texts = value_texts(value)
         if not texts or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             return None
         found = list(value_pattern(texts[0], isinstance(value, (int, float))).finditer(request))
