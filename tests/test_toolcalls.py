@@ -287,3 +287,17 @@ def test_a_text_that_tried_a_call_is_told_from_one_that_called_nothing():
     assert not holds_unparsed_call("Sorry, I can only help with orders.")
     assert not holds_unparsed_call('<tool_call>{"name": "f", "arguments": {}}</tool_call>')
     assert not holds_unparsed_call(None) and not holds_unparsed_call("")
+
+
+def test_a_python_literal_call_body_with_a_set_is_malformed_not_a_crash():
+    """A BFCL night's adapter wrote {'name': 'f', 'arguments': {'diet': {'vegan', 'keto'}}}: literal_eval
+    made a set of it, and rendering the history back to text raised TypeError inside evaluation."""
+    from traceops.model.toolcalls import parse_tool_calls, render_tool_calls
+
+    result = parse_tool_calls("<tool_call>{'name': 'f', 'arguments': {'diet': {'vegan', 'keto'}}}"
+                              "</tool_call>")
+    assert result.malformed and not result.calls
+    ok = parse_tool_calls("<tool_call>{'name': 'f', 'arguments': {'diet': ('vegan', 'keto'), 'n': None}}"
+                          "</tool_call>")
+    assert [(c.name, c.arguments) for c in ok.calls] == [("f", {"diet": ["vegan", "keto"], "n": None})]
+    render_tool_calls([(c.name, c.arguments) for c in ok.calls])

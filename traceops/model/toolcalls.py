@@ -380,8 +380,8 @@ def _parse_body(body: str, tagged: bool) -> tuple[list[ParsedCall] | None, list[
         value = json.loads(text)
     except (json.JSONDecodeError, RecursionError):
         value = None
-        try:  # Python dict literal with single quotes / True / None
-            value = ast.literal_eval(text) if text[:1] in "{[" else None
+        try:  # Python dict literal with single quotes / True / None; only JSON values (no sets)
+            value = _as_json(ast.literal_eval(text)) if text[:1] in "{[" else None
         except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
             value = None
     if value is not None:
