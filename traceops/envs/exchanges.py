@@ -18,6 +18,7 @@ from typing import Any
 
 from traceops.envs.grounding import Grounding, ValueFactory
 from traceops.envs.native_tools import NATIVE, function_spec, offered_tools, parameters_of, with_system
+from traceops.envs.phrasing import spoken_value
 from traceops.envs.value_shapes import EMAIL, is_id_like
 
 MAX_REPLAY_SHARE = 0.5
@@ -96,16 +97,11 @@ def fill_exchange(template: Mapping[str, Any], grounding: Grounding,
         else:
             filled.append(fresh_like(slot["shape"], values))
     pieces = template["text"].split("|")
-    text = "".join(_spoken(filled[int(p)]) if i % 2 else p for i, p in enumerate(pieces))
+    text = "".join(spoken_value(filled[int(p)]) if i % 2 else p for i, p in enumerate(pieces))
     calls = [{"name": c["name"],
               "arguments": {k: (filled[a["slot"]] if "slot" in a else a["value"])
                             for k, a in c["arguments"].items()}} for c in template["calls"]]
     return text, calls
-
-
-def _spoken(value: Any) -> str:
-    return repr(value) if isinstance(value, float) and not value.is_integer() else \
-        str(int(value)) if isinstance(value, float) else str(value)
 
 
 def replay_share(grounding: Grounding) -> float:

@@ -245,8 +245,6 @@ def _id_kind(arg_name: str) -> str | None:
     return None
 
 
-
-
 def _sanitize_phrase(text: str) -> str | None:
     """First sentence of a user message, only when it carries no ids, numbers or emails."""
     sentence = re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0].strip()
