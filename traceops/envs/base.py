@@ -99,8 +99,15 @@ class Environment:
 
     @not_a_tool
     def tool_specs(self) -> list[dict[str, Any]]:
-        """OpenAI function specs of the tools, derived from type hints and docstrings."""
-        return [get_json_schema(getattr(self, name)) for name in self.tool_names()]
+        """OpenAI function specs of the tools, derived from type hints and docstrings.
+
+        transformers adds a ``return`` field from the return hint; OpenAI tools (what agents send, what
+        the logs hold, what ``traceops serve`` is asked with) have none, so it is dropped: the prompt a
+        model trains and is evaluated on is the one production renders."""
+        specs = [get_json_schema(getattr(self, name)) for name in self.tool_names()]
+        for spec in specs:
+            spec["function"].pop("return", None)
+        return specs
 
     @not_a_tool
     def tools_vary(self) -> bool:
