@@ -13,8 +13,9 @@ from traceops import config, versioning
 from traceops.agent import model_episodes
 from traceops.envs.synthesize import synthesize
 from traceops.errors import StageError
-from traceops.heldout import RequestParams, request_values, split_trajectories
+from traceops.heldout import RequestParams, load_references, request_values, split_trajectories
 from traceops.model.openai_compat import public_url
+from traceops.reference_replies import answered_by_references
 from traceops.results import EnvironmentSummary, SkippedCapability, SynthesizeResult
 from traceops.store import load_trajectories
 from traceops.tags import TAG_DIAGNOSIS_RUN, TAG_ENV_VERSION
@@ -77,11 +78,15 @@ def synthesize_task(key: str, capabilities: list[str], home: str | None = None,
             held = RequestParams.from_params(settings.stage("evaluate").get("requests"))
             trajectories, heldout = split_trajectories(load_trajectories(paths), held.seed,
                                                        held.heldout_fraction)
+            # The reference replies of train-side requests teach: a failed request is mined with its
+            # right reply (the held-out side's references only score evaluation).
+            phrasing = (answered_by_references(trajectories, load_references(held.references))
+                        if held.references else None)
             episodes = model_episodes(calibrate_model) if calibrate_model else None
             fresh = paths.data / ".environments.new"
             shutil.rmtree(fresh, ignore_errors=True)
             result = synthesize(capabilities, trajectories, fresh, params, seed=seed, episodes=episodes,
-                                exclude=sorted(request_values(heldout)))
+                                exclude=sorted(request_values(heldout)), phrasing=phrasing)
         _swap_in(fresh, paths.environments)
         env_version = versioning.commit_data(paths.home, ENVIRONMENTS)
         mlflow.set_tag(TAG_ENV_VERSION, env_version)

@@ -120,9 +120,20 @@ def test_a_tiny_night_on_the_bfcl_logs(home: Path, tiny_model_dir: Path) -> None
     assert not list((home / "data" / "quarantine").glob("*.jsonl"))  # no quarantined record
     assert night["selected"], "diagnosis selected no capability"
     versions = registered_versions(home)
+    failed = {row["task_id"] for row in read_jsonl(outcomes) if not row["success"]}
+    asked = [row["request"]["messages"][-1]["content"] for path in sorted(logs.glob("*.jsonl"))
+             for row in read_jsonl(path)
+             if row["task_id"] in failed and not is_heldout(row["task_id"], 0, HELDOUT)]
+    replayed = []
     for capability in night["selected"]:
         manifest = home / "data" / "environments" / capability / "manifest.json"
         assert manifest.is_file(), capability
+        for split in ("train", "val", "test"):
+            replayed += [row for row in read_jsonl(manifest.parent / f"{split}.jsonl") if row["gold"]["calls"]
+                         and any(row["instruction"][:30] == text[:30] for text in asked)]
+    # The agent got only declines right; the train side's references answer its failed requests, so
+    # synthesis replays them, with the reference's calls as gold (traceops.reference_replies).
+    assert asked and replayed
     trained = [c for c in night["selected"] if c not in night["deferred"]]
     assert trained and all(versions.get(f"traceops.adapter.{c}") == 1 for c in trained)
     # The held-out logged requests were replayed by every role and graded against the bundled references.

@@ -20,7 +20,7 @@ from traceops.hashing import content_hash
 # A token of the request that carries a value: an email, or any token with a digit in it.
 VALUE_TOKEN = re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}|[#A-Za-z_\-]*\d[\w\-]*")
 MAX_TEXT = 600
-MAX_EXCHANGES = 64
+MAX_EXCHANGES = 256  # kinds kept per grounding, most frequent first (BFCL with references: ~130, retail: 76)
 MAX_REPLY = 300
 
 

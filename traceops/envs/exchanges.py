@@ -17,7 +17,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from traceops.envs.grounding import Grounding, ValueFactory
-from traceops.envs.native_tools import NATIVE, function_spec, offered_tools, parameters_of, with_system
+from traceops.envs.native_tools import (
+    NATIVE,
+    function_spec,
+    offered_tools,
+    parameters_of,
+    schema_errors,
+    with_system,
+)
 from traceops.envs.phrasing import spoken_value
 from traceops.envs.value_shapes import EMAIL, is_id_like
 
@@ -130,6 +137,22 @@ def never_first_tools(grounding: Grounding) -> set[str]:
     return {name for name, count in offered.items() if count >= NEVER_FIRST_EVIDENCE and name not in called}
 
 
+def _logged_calls(template: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The template's calls with the values as logged."""
+    slots = template["slots"]
+    return [{"name": c["name"],
+             "arguments": {k: (slots[a["slot"]]["value"] if "slot" in a else a["value"])
+                           for k, a in c["arguments"].items()}} for c in template["calls"]]
+
+
+def _fits(template: Mapping[str, Any], usable: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether every logged call of ``template`` is to an offered tool and valid against its schema: two
+    logged tools may share a name with different parameters (grounding keeps the first schema), and a
+    reply to the other one cannot be replayed over this one."""
+    return all(c["name"] in usable and not schema_errors(c["arguments"], parameters_of(usable[c["name"]]))
+               for c in _logged_calls(template))
+
+
 def replay_task(rng: random.Random, values: ValueFactory, grounding: Grounding, *,
                 calls: bool | None = None) -> dict[str, Any] | None:
     """A native task replaying a logged exchange (drawn by how often the logs show it) with fresh values,
@@ -137,11 +160,13 @@ def replay_task(rng: random.Random, values: ValueFactory, grounding: Grounding, 
     (``calls``: True, only exchanges whose reply made calls; False, only those that made none)."""
     usable = {t["name"]: t for t in offered_tools(grounding)}
     pool = [t for t in grounding.exchanges
-            if (calls is None or bool(t["calls"]) == calls) and all(c["name"] in usable for c in t["calls"])]
+            if (calls is None or bool(t["calls"]) == calls) and _fits(t, usable)]
     if not pool:
         return None
     template = rng.choices(pool, weights=[int(t.get("count", 1)) for t in pool])[0]
     instruction, calls = fill_exchange(template, grounding, values)
+    if any(schema_errors(c["arguments"], parameters_of(usable[c["name"]])) for c in calls):
+        return None  # a fresh value the schema refuses (a pattern, a format): compose this task instead
     menu = [usable[name] for name in template["tools"] if name in usable]
     gold: dict[str, Any] = {"calls": calls}
     if template.get("reply"):

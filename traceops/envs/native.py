@@ -31,6 +31,7 @@ from traceops.envs.native_tools import function_spec as function_spec
 from traceops.envs.native_tools import is_native as is_native
 from traceops.envs.native_tools import offered_tools as offered_tools
 from traceops.envs.native_tools import parameters_of as parameters_of
+from traceops.envs.native_tools import schema_errors as schema_errors
 from traceops.envs.native_tools import system_prompt_for as system_prompt_for
 from traceops.envs.native_tools import with_system
 from traceops.envs.phrasing import compose_many, fill_template, joined, request_for
@@ -153,21 +154,6 @@ def argument_names(tool: Mapping[str, Any], *, all_args: bool, rng: random.Rando
     if rng is None:
         return required
     return [p for p in props if p in required or rng.random() < OPTIONAL_SHARE]
-
-
-def schema_errors(arguments: Mapping[str, Any], parameters: Mapping[str, Any]) -> list[str]:
-    """Why ``arguments`` do not validate against ``parameters`` (empty when they do, or the schema itself
-    is invalid: then that is the one error)."""
-    from jsonschema import SchemaError
-    from jsonschema.validators import validator_for
-
-    cls = validator_for(dict(parameters))
-    try:
-        cls.check_schema(dict(parameters))
-    except SchemaError as exc:
-        return [f"invalid JSON schema: {exc.message}"]
-    return [f"{'/'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
-            for e in cls(dict(parameters)).iter_errors(dict(arguments))]
 
 
 def check_task(task: Mapping[str, Any]) -> None:

@@ -6,7 +6,9 @@ Shared by the task composers (``traceops.envs.native``) and the replayed exchang
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from traceops.envs.grounding import Grounding
@@ -73,3 +75,29 @@ def with_system(task: dict[str, Any], grounding: Grounding) -> dict[str, Any]:
     """``task`` plus its logged ``system_prompt`` when there is one (specs of logs without keep their ids)."""
     text = system_prompt_for(grounding, [s["function"]["name"] for s in task["tools"]])
     return {**task, "system_prompt": text} if text else task
+
+
+@lru_cache(maxsize=1024)
+def _validator(parameters: str) -> Any:
+    """A validator of the JSON schema ``parameters`` (JSON text), or the schema's own error as text:
+    checking a schema costs far more than validating against it, and tasks reuse a few schemas."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    schema = json.loads(parameters)
+    cls = validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        return f"invalid JSON schema: {exc.message}"
+    return cls(schema)
+
+
+def schema_errors(arguments: Mapping[str, Any], parameters: Mapping[str, Any]) -> list[str]:
+    """Why ``arguments`` do not validate against ``parameters`` (empty when they do, or the schema itself
+    is invalid: then that is the one error)."""
+    validator = _validator(json.dumps(parameters, sort_keys=True))
+    if isinstance(validator, str):
+        return [validator]
+    return [f"{'/'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
+            for e in validator.iter_errors(dict(arguments))]

@@ -142,9 +142,11 @@ def synthesize_one(
     centroid: Sequence[float] | None = None,
     episodes: Callable[[Family], Episodes] | None = None,
     writer: Any = None,
+    phrasing: Sequence[Trajectory] | None = None,
 ) -> tuple[dict[str, list], dict[str, Any]]:
     """Task splits and the manifest (without file hashes) for one family; ``writer`` (a ChatModel)
-    rewrites native requests in prose, each rewrite kept only when checked (``rewrite``)."""
+    rewrites native requests in prose, each rewrite kept only when checked (``rewrite``); ``phrasing``
+    (default ``trajectories``): the runs whose requests and first replies are mined (see ``synthesize``)."""
     capability = family.capability
     notes: list[str] = []
     seeds = select_seeds(
@@ -160,7 +162,8 @@ def synthesize_one(
         )
     # Phrasing and reply shapes come from every logged request, the tools and values from the seeds.
     grounding = build_grounding(basis, seed_ids=[t.id for t in seeds], exclude=exclude,
-                                phrasing_from=trajectories, interface=params.interface)
+                                phrasing_from=trajectories if phrasing is None else phrasing,
+                                interface=params.interface)
     if grounding.source == "default":
         notes.append(
             "the logs carry no tools (no schemas, no observed calls): the family uses its built-in "
@@ -266,6 +269,7 @@ def synthesize(
     centroids: Mapping[str, Sequence[float]] | None = None,
     episodes: Callable[[Family], Episodes] | None = None,
     writer: Any = None,
+    phrasing: Sequence[Trajectory] | None = None,
 ) -> SynthesisResult:
     """Write environments for ``capabilities`` under ``out_dir`` and return what was written and skipped.
 
@@ -274,6 +278,9 @@ def synthesize(
     them TF-IDF is used. ``episodes(family)`` returns an episodes callable for calibration (absent: the
     manifest says calibration was not measured). ``writer`` (a ChatModel; default: the model
     ``params.llm`` names, loaded once, else none) rewrites native requests (``traceops.envs.rewrite``).
+    ``phrasing`` (default ``trajectories``): the runs whose requests, first replies and system prompts
+    are mined, e.g. ``trajectories`` with failed runs answered by a user's reference replies
+    (``traceops.reference_replies``); the seeds, tools and values still come from ``trajectories``.
     """
     if not isinstance(params, SynthesisParams):
         params = SynthesisParams.from_dict(params)
@@ -317,6 +324,7 @@ def synthesize(
             centroid=(centroids or {}).get(capability),
             episodes=episodes,
             writer=writer,
+            phrasing=phrasing,
         )
         folder = root / capability
         hashes = {}
