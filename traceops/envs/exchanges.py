@@ -93,6 +93,14 @@ def _fresh_value(slot: Mapping[str, Any], grounding: Grounding, tool: str, value
     return values.rng.choice(words) if words else logged
 
 
+def _calls_with(template: Mapping[str, Any], slot_values: Sequence[Any]) -> list[dict[str, Any]]:
+    """The template's calls with slot ``k``'s argument set to ``slot_values[k]`` (the other arguments as
+    logged)."""
+    return [{"name": c["name"],
+             "arguments": {k: (slot_values[a["slot"]] if "slot" in a else a["value"])
+                           for k, a in c["arguments"].items()}} for c in template["calls"]]
+
+
 def fill_exchange(template: Mapping[str, Any], grounding: Grounding,
                   values: ValueFactory) -> tuple[str, list[dict[str, Any]]]:
     """The template's request with fresh values and its gold calls with the same values."""
@@ -105,10 +113,7 @@ def fill_exchange(template: Mapping[str, Any], grounding: Grounding,
             filled.append(fresh_like(slot["shape"], values))
     pieces = template["text"].split("|")
     text = "".join(spoken_value(filled[int(p)]) if i % 2 else p for i, p in enumerate(pieces))
-    calls = [{"name": c["name"],
-              "arguments": {k: (filled[a["slot"]] if "slot" in a else a["value"])
-                            for k, a in c["arguments"].items()}} for c in template["calls"]]
-    return text, calls
+    return text, _calls_with(template, filled)
 
 
 def replay_share(grounding: Grounding) -> float:
@@ -137,12 +142,6 @@ def never_first_tools(grounding: Grounding) -> set[str]:
     return {name for name, count in offered.items() if count >= NEVER_FIRST_EVIDENCE and name not in called}
 
 
-def _logged_calls(template: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The template's calls with the values as logged."""
-    slots = template["slots"]
-    return [{"name": c["name"],
-             "arguments": {k: (slots[a["slot"]]["value"] if "slot" in a else a["value"])
-                           for k, a in c["arguments"].items()}} for c in template["calls"]]
 
 
 def _fits(template: Mapping[str, Any], usable: Mapping[str, Mapping[str, Any]]) -> bool:
@@ -150,7 +149,7 @@ def _fits(template: Mapping[str, Any], usable: Mapping[str, Mapping[str, Any]]) 
     logged tools may share a name with different parameters (grounding keeps the first schema), and a
     reply to the other one cannot be replayed over this one."""
     return all(c["name"] in usable and not schema_errors(c["arguments"], parameters_of(usable[c["name"]]))
-               for c in _logged_calls(template))
+               for c in _calls_with(template, [s.get("value") for s in template["slots"]]))
 
 
 def replay_task(rng: random.Random, values: ValueFactory, grounding: Grounding, *,
