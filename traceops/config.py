@@ -123,16 +123,15 @@ def load(home: str | Path | None = None) -> Settings:
 
 
 # Default train.time_budget, in reference steps (one LoRA r=16 SFT step of the embedded model at batch
-# 4 x 256). Issue 29's first night must fit 300 of them in all. The night measured at 120 (README) spent 132
-# on four adapters, 58 on the generic, 57 routing and 373 evaluating; evaluation grows with every capability
+# 4 x 256). Issue 29's first night must fit 300 of them in all. Evaluation grows with every capability
 # trained (base, generic and composite each play its 16 test tasks, its adapter too), so the first night
-# must train few. At 60 (adapters 45, generic LoRA 15) a measured first night on the bundled sample trained
-# two capabilities (tool_selection 17 SFT + 1 GRPO steps, policy_adherence 15 SFT) and took 306 reference
-# steps in all, 102 of them training: the step-cost estimate was then about a third low, and was raised to
-# what that night's steps cost (traceops/train/cost_estimate.py). The rest are deferred to the next nights,
-# which train them first (reused adapters cost nothing). What the ranked walk leaves buys extra SFT steps
-# (Budget.max_sft_steps), so a night spends its whole adapters' share.
-TRAIN_TIME_BUDGET = 60.0
+# trains few, and the rest are deferred to the next nights, which train them first (reused adapters cost
+# nothing). At 60 (adapters 45, generic LoRA 15) a measured first night on the bundled sample took about
+# 179 reference steps (tool_selection, 15 SFT steps) and a catch-up night 248 (policy_adherence, 15 SFT
+# steps, which solved 4 of its 16 test tasks; 30 steps solved 11). At 100 the adapters' 75 buy a multi-turn
+# capability about 27 SFT steps at its ~2.8 reference steps each. What the ranked walk leaves buys extra
+# SFT steps (Budget.max_sft_steps), so a night spends its whole adapters' share.
+TRAIN_TIME_BUDGET = 100.0
 # Share of train.time_budget that trains the generic-LoRA baseline (SFT on every trained capability's data).
 GENERIC_SHARE = 0.25
 
