@@ -209,3 +209,31 @@ def test_evaluate_model_joins_envs_replay_and_regression(env_root: Path) -> None
     assert report.to_dict()["regression.tool_selection"] == 1.0
     only_envs = evaluate_model("base", model, env_root=env_root, capabilities=CAPABILITIES)
     assert only_envs.replay is None and only_envs.regression is None
+
+
+def test_each_turn_gets_room_for_the_longest_oracle_turn(env_root: Path, tiny_model_dir: Path) -> None:
+    """A per-turn cap below a right reply's length would score a model wrong for an answer it was not
+    allowed to finish: evaluation generates with room for the capability's longest oracle turn."""
+    from traceops.evaluation.envs import env_factory, oracle_replies
+    from traceops.evaluation.room import REPLY_SLACK, room_for
+    from traceops.model import load_model
+
+    model = load_model(str(tiny_model_dir), batch_size=4)
+    tasks = load_tasks(env_root, "argument_grounding", "test", 2)
+    replies = oracle_replies(env_factory(env_root, "argument_grounding"), tasks)
+    assert replies and all("<tool_call>" in r for r in replies if "order_id" in r)
+    longest = max(len(model.tokenizer(r, add_special_tokens=False)["input_ids"]) for r in replies)
+    assert room_for(model, replies, 4) == longest + REPLY_SLACK > 4
+    assert room_for(model, replies, 10 * longest) == 10 * longest  # the per-turn cap is a floor
+
+    seen: list[int] = []
+    generate = model.generate
+
+    def recording(conversations, tools=None, config=None):  # the real model, its caps recorded
+        seen.append(config.max_new_tokens)
+        return generate(conversations, tools=tools, config=config)
+
+    model.generate = recording
+    evaluate_envs(model, env_root, ["argument_grounding"], config=GenerationConfig(max_new_tokens=4),
+                  max_turns=1, limit=2)
+    assert seen and set(seen) == {longest + REPLY_SLACK}

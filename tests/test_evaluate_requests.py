@@ -4,6 +4,7 @@ over the references, grader failures recorded), replay through a real model, pai
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,12 @@ from traceops.evaluation.requests import (
     compare_requests,
     evaluate_requests,
     load_graders,
+    reply_room,
+    request_replies,
     score_reply,
     select_requests,
 )
+from traceops.evaluation.room import REPLY_SLACK
 from traceops.heldout import RequestParams, heldout_score, is_heldout
 from traceops.model.base import GenerationConfig
 from traceops.schema import Message, Outcome, Source, ToolCall, ToolSpec, Trajectory
@@ -121,12 +125,36 @@ def test_replay_through_a_real_model_uses_each_requests_tools(tiny_model_dir: Pa
     assert [s.task_id for s in result.scores] == [r.task_id for r in selected.requests]
     assert all(s.score is not None for s in result.scores) and result.graded() == 5
     clock = selected.requests[0]
+    room = reply_room(model, [clock], config.max_new_tokens)
+    assert room > config.max_new_tokens  # the logged call does not fit 8 tokens: the reply gets its room
     alone = model.generate([messages_to_chat(clock.messages)], tools=tools_to_openai(clock.tools),
-                           config=config)
+                           config=replace(config, max_new_tokens=room))
     assert result.scores[0].reply == alone[0]
     report = EvalReport(name="base", model_id="m", requests=result)
     again = EvalReport.from_details(json.loads(json.dumps(report.details())))
     assert again.requests == result and again.to_dict()["requests.graded.clock"] == 2
+
+
+def test_a_parallel_reference_gets_room_past_the_per_turn_cap(tiny_model_dir: Path) -> None:
+    """Four calls in one reply are ~4x one call's tokens: a per-turn cap sized for one call would cut the
+    right reply off, so the request is generated with room for its longest reference."""
+    from traceops.model.adapted import load_base_model
+    from traceops.model.toolcalls import assistant_text
+
+    run = logged("p0")
+    run.messages[-1] = Message(role="assistant", tool_calls=[
+        ToolCall(id=f"c{i}", name="get_weather", arguments={"city": city})
+        for i, city in enumerate(["Paris", "Oslo", "Lima", "Quito"])])
+    selected = select_requests([run], ALL)
+    model = load_base_model(tiny_model_dir, batch_size=2)
+    text = assistant_text(None, [("get_weather", {"city": c}) for c in ["Paris", "Oslo", "Lima", "Quito"]])
+    tokens = len(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+    assert reply_room(model, selected.requests, 24) == tokens + REPLY_SLACK > 24
+    assert reply_room(model, selected.requests, 4 * tokens) == 4 * tokens  # the cap is a floor
+    texts = request_replies(model, selected, GenerationConfig(max_new_tokens=24), batch_size=2)
+    reply = texts[f"weather/{selected.requests[0].task_id}"]
+    # The tiny random model writes until it is stopped: its reply fills the room, past the 24-token cap.
+    assert len(model.tokenizer(reply, add_special_tokens=False)["input_ids"]) > 24
 
 
 def scores(domain: str, wins: list[int]) -> list[RequestScore]:

@@ -25,8 +25,10 @@ from traceops.envs.folder import (
 )
 from traceops.errors import ConfigError, InputError
 from traceops.evaluation.metrics import CapabilityEval, EnvEval
+from traceops.evaluation.room import room_for
 from traceops.hashing import content_hash
 from traceops.model.base import ChatModel, GenerationConfig
+from traceops.model.toolcalls import assistant_text
 
 # Trial t samples under seed + t * stride: far apart, so trial seeds never meet the per-batch offsets
 # a backend adds to the seed.
@@ -76,6 +78,21 @@ def load_tasks(
     return tasks
 
 
+def oracle_replies(factory: Callable[[], Environment], tasks: Sequence[dict[str, Any]]) -> list[str]:
+    """Every assistant turn of the tasks' oracle demonstrations, as the model would write it; none for
+    an environment without an oracle (a user's class may not define one)."""
+    env = factory()
+    texts: list[str] = []
+    for task in tasks:
+        try:
+            env.reset(**task)
+            turns = env.oracle()
+        except TypeError:
+            return []
+        texts.extend(assistant_text(t.content, [(c.name, dict(c.arguments)) for c in t.calls]) for t in turns)
+    return texts
+
+
 def evaluate_envs(
     model: ChatModel,
     env_root: str | Path,
@@ -89,7 +106,9 @@ def evaluate_envs(
     batch_size: int = 8,
     progress: Callable[[str, int], None] | None = None,
 ) -> EnvEval:
-    """Run ``model`` on ``split`` of each capability's environments, ``trials`` times (default ``k``).
+    """Run ``model`` on ``split`` of each capability's environments, ``trials`` times (default ``k``),
+    each turn with room for the capability's longest oracle turn (``traceops.evaluation.room``;
+    ``config.max_new_tokens`` at least).
 
     Trial ``t`` samples under ``config.seed + t * TRIAL_SEED_STRIDE``, so with temperature > 0 trials
     are i.i.d. draws; with greedy decoding and a deterministic backend they repeat each other and
@@ -119,10 +138,11 @@ def evaluate_envs(
             skipped[capability] = f"the '{split}' split of '{capability}' is empty"
             continue
         ids = [str(t["task_id"]) for t in tasks]
+        room = room_for(model, oracle_replies(factory, tasks), config.max_new_tokens)
         rewards: dict[str, list[float]] = {i: [] for i in ids}
         done = 0
         for trial in range(n_trials):
-            trial_config = replace(config, seed=config.seed + trial * TRIAL_SEED_STRIDE)
+            trial_config = replace(config, seed=config.seed + trial * TRIAL_SEED_STRIDE, max_new_tokens=room)
             on_done = None
             if progress is not None:
 

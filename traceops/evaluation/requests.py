@@ -5,20 +5,21 @@ The requests come from ``traceops.heldout`` (the seeded per-task split of the cu
 from the logs' successes and the user's reference file). Per domain at most ``limit`` requests with a
 reference are replayed, in the split's seeded hash order; the rest are counted with the reason (no
 reference, no user turn, over the limit), never silently dropped. Each request is generated with its
-own tools (requests sharing a tool list are batched), the raw output read as a reply
-(``graders.reply_from_text``) and scored by ``graders.grade`` against every reference: the best score
-counts, and a grader failure is recorded as a problem, not scored 0. A request succeeds when its score
-is the full score (1.0).
+own tools (requests sharing a tool list are batched) and room for its longest reference
+(``traceops.evaluation.room``), the raw output read as a reply (``graders.reply_from_text``) and
+scored by ``graders.grade`` against every reference: the best score counts, and a grader failure is
+recorded as a problem, not scored 0. A request succeeds when its score is the full score (1.0).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from traceops.evaluation.intervals import RESAMPLES, paired_bootstrap, task_differences, wilson, wilson_rate
 from traceops.evaluation.metrics import is_success
+from traceops.evaluation.room import room_for
 from traceops.graders import Grader, grade, load_grader, reply_from_text
 from traceops.hashing import content_hash
 from traceops.heldout import (
@@ -30,7 +31,7 @@ from traceops.heldout import (
     logged_requests,
 )
 from traceops.model.base import ChatModel, GenerationConfig
-from traceops.model.toolcalls import messages_to_chat, tools_to_openai
+from traceops.model.toolcalls import assistant_text, messages_to_chat, tools_to_openai
 from traceops.schema import Trajectory
 
 OVER_LIMIT = "over the limit: evaluate.requests.limit requests with a reference are replayed per domain"
@@ -219,10 +220,25 @@ def evaluate_requests(
 
 def replies_identity(selected: RequestSet) -> str:
     """The content hash of what the replies to ``selected`` depend on (each request's conversation and
-    tools, in order): the evaluation cache's key for them."""
-    rows = [[r.domain, r.task_id, messages_to_chat(r.messages), [t.model_dump(mode="json") for t in r.tools]]
-            for r in selected.requests]
+    tools, in order, and the references' text its room is sized by): the evaluation cache's key for them."""
+    rows = [[r.domain, r.task_id, messages_to_chat(r.messages), [t.model_dump(mode="json") for t in r.tools],
+             reference_texts(r)] for r in selected.requests]
     return content_hash(rows, length=32)
+
+
+def reference_texts(request: LoggedRequest) -> list[str]:
+    """Each reference reply of ``request`` as the model would write it (content, then canonical calls)."""
+    texts = []
+    for message in messages_to_chat(request.references):
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+        texts.append(assistant_text(message.get("content"), calls))
+    return texts
+
+
+def reply_room(model: ChatModel, requests: Sequence[LoggedRequest], floor: int) -> int:
+    """New tokens a batch of ``requests`` may generate: ``floor`` (the per-turn cap), or room for the
+    longest reference (``traceops.evaluation.room``)."""
+    return room_for(model, [text for request in requests for text in reference_texts(request)], floor)
 
 
 def request_replies(
@@ -233,7 +249,8 @@ def request_replies(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, str]:
     """The raw output of ``model`` for every request of ``selected``, by ``"<domain>/<task_id>"``:
-    batches of requests sharing one tool list, each request with its own tools."""
+    batches of requests sharing one tool list, each request with its own tools, each batch with room for
+    its longest reference (``reply_room``; ``config.max_new_tokens`` at least)."""
     groups: dict[str, list[LoggedRequest]] = {}
     for request in selected.requests:
         tools_key = content_hash([t.model_dump(mode="json") for t in request.tools])
@@ -246,7 +263,8 @@ def request_replies(
         for start in range(0, len(members), batch_size):
             batch = members[start:start + batch_size]
             chats = [messages_to_chat(r.messages) for r in batch]
-            outputs = model.generate(chats, tools=tools, config=config)
+            room = reply_room(model, batch, config.max_new_tokens)
+            outputs = model.generate(chats, tools=tools, config=replace(config, max_new_tokens=room))
             for request, text in zip(batch, outputs, strict=True):
                 texts[f"{request.domain}/{request.task_id}"] = text
             done += len(batch)

@@ -47,8 +47,9 @@ class EvalParams:
     rate's 95% interval to be narrower than about +-0.25 and for paired comparisons to conclude
     anything); ``k`` for pass^k with ``trials``
     (default ``k``) trials per task; ``max_turns`` assistant turns per episode (the longest oracle
-    demonstration of the built-in families has 8); ``max_new_tokens`` per turn (the longest oracle
-    turn is about 92 tokens with its end-of-turn; generation also stops at end of turn); ``replay`` the
+    demonstration of the built-in families has 8); ``max_new_tokens`` per turn at least (a turn gets
+    room for the longest right reply where that is more, ``traceops.evaluation.room``; generation also
+    stops at end of turn); ``replay`` the
     logged failures of a bundled domain, at most ``replay_limit`` distinct tasks (None: all) with
     ``replay_max_turns``, by the roles in ``replay_roles`` (a retail prompt is ~2,500 tokens: replaying
     every logged failure with every model does not fit a CPU night; base = before, composite = after,
