@@ -25,7 +25,7 @@ from traceops.envs.calibration import Calibration, Episodes, calibrate
 from traceops.envs.families import FAMILIES
 from traceops.envs.family import Family, task_id
 from traceops.envs.folder import MANIFEST_NAME, read_task_specs
-from traceops.envs.grounding import INTERFACES, assert_disjoint, build_grounding, select_seeds
+from traceops.envs.grounding import INTERFACES, Grounding, assert_disjoint, build_grounding, select_seeds
 from traceops.envs.native import is_native
 from traceops.envs.rewrite import RewriteStats, rewrite_requests, shown_writer
 from traceops.envs.selftest import THRESHOLD, self_test
@@ -34,6 +34,8 @@ from traceops.hashing import canonical_json, file_hash, folder_hash
 from traceops.schema import Trajectory
 
 SPLITS = ("train", "val", "test")
+# Rounds of fresh instances that replace repeated tasks before a split is left short.
+TOP_UP_ROUNDS = 4
 STRUCTURED_FIELDS = ("tables", "gold", "records", "lookups")
 
 
@@ -131,6 +133,56 @@ def _jsonl(tasks: Sequence[dict[str, Any]]) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
+def content_key(task: Mapping[str, Any]) -> str:
+    """What a task asks and what is right, without its level: two tasks with the same key are one task
+    to a model (a replayed logged request without values comes out the same at every level)."""
+    return task_id({k: v for k, v in task.items() if k != "level"})
+
+
+def drop_repeats(tasks: Sequence[dict[str, Any]], seen: set[str]) -> list[dict[str, Any]]:
+    """``tasks`` without those whose ``content_key`` is in ``seen`` or came earlier; ``seen`` grows."""
+    unique = []
+    for task in tasks:
+        key = content_key(task)
+        if key not in seen:
+            seen.add(key)
+            unique.append(task)
+    return unique
+
+
+def distinct_splits(family: Family, grounding: Grounding, seed: int, sizes: Mapping[str, int],
+                    levels: Sequence[int] | None, exclude: Sequence[str], notes: list[str]
+                    ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """The splits at their sizes, no task repeated within or across them (a repeat in train is a wasted
+    step, one in test is scored on a task training saw): repeats are dropped and replaced by instances
+    past every split's range (instance ``i`` still depends only on (seed, i)), up to ``TOP_UP_ROUNDS``
+    rounds; a split still short is noted. Also the first-drawn tasks in generation order (self-test)."""
+    splits: dict[str, list[dict[str, Any]]] = {}
+    generated: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    offset = 0
+    extra = sum(sizes.values())  # top-up instances start past every split's own range
+    for split in SPLITS:
+        drawn = family.generate(grounding, seed, sizes[split], levels=levels, exclude=exclude, offset=offset)
+        offset += sizes[split]
+        generated.extend(drawn)
+        unique = drop_repeats(drawn, seen)
+        dropped = len(drawn) - len(unique)
+        for _ in range(TOP_UP_ROUNDS):
+            missing = sizes[split] - len(unique)
+            if missing <= 0:
+                break
+            more = family.generate(grounding, seed, missing, levels=levels, exclude=exclude, offset=extra)
+            extra += missing
+            unique.extend(drop_repeats(more, seen))
+        if dropped:
+            short = sizes[split] - len(unique)
+            notes.append(f"split '{split}': {dropped} repeated task(s) replaced by fresh ones"
+                         + (f"; {short} short: the logs give no more distinct tasks" if short > 0 else ""))
+        splits[split] = unique
+    return splits, generated
+
+
 def synthesize_one(
     family: Family,
     trajectories: Sequence[Trajectory],
@@ -177,32 +229,22 @@ def synthesize_one(
         if tool.get("schema_problem") and grounding.interface == "native":
             notes.append(f"tool '{tool['name']}' is not offered: {tool['schema_problem']}")
     sizes = params.sizes()
-    splits: dict[str, list[dict[str, Any]]] = {}
-    offset = 0
     for split in SPLITS:
-        splits[split] = family.generate(
-            grounding, seed, sizes[split], levels=params.levels, exclude=exclude, offset=offset
-        )
-        offset += sizes[split]
         if sizes[split] == 0:
             notes.append(f"split '{split}' requested with size 0: written empty")
-    generated = [t for split in SPLITS for t in splits[split]]  # in generation order, before dedupe
-    rewrites = None
+    splits, generated = distinct_splits(family, grounding, seed, sizes, params.levels, exclude, notes)
     if writer is not None:  # the self-test runs on the offline tasks: a rewrite changes only the request
         rewrites = RewriteStats(writer=shown_writer(params.llm) if params.llm else writer.info.model_id)
+        seen: set[str] = set()
         for split in SPLITS:
-            splits[split] = [t if "written_by" not in t else {**t, "task_id": task_id(t)}
-                             for t in rewrite_requests(splits[split], writer, rewrites)]
-    seen: set[str] = set()
-    for split in SPLITS:
-        unique = []
-        for task in splits[split]:
-            if task["task_id"] not in seen:
-                seen.add(task["task_id"])
-                unique.append(task)
-        if len(unique) != len(splits[split]):
-            notes.append(f"split '{split}': dropped {len(splits[split]) - len(unique)} duplicate task(s)")
-        splits[split] = unique
+            written = [t if "written_by" not in t else {**t, "task_id": task_id(t)}
+                       for t in rewrite_requests(splits[split], writer, rewrites)]
+            splits[split] = drop_repeats(written, seen)
+            if len(splits[split]) != len(written):
+                notes.append(f"split '{split}': dropped {len(written) - len(splits[split])} rewritten "
+                             "task(s) that repeat another")
+    else:
+        rewrites = None
     everything = [t for split in SPLITS for t in splits[split]]
     assert_disjoint(everything, set(exclude) | set(grounding.observed_values), fields=STRUCTURED_FIELDS)
     sample = generated[: params.self_test_size] if params.self_test_size is not None else generated
