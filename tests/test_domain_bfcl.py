@@ -79,6 +79,26 @@ def test_bundled_logs_ingest_every_record_with_its_outcome() -> None:
         assert trajectory.outcome.success == outcomes[trajectory.task_id].success
 
 
+def test_tool_selection_menus_are_no_longer_than_the_logged_requests_offer() -> None:
+    """BFCL's requests offer 1 to 4 functions: native tool_selection tasks offer no more (an 8-tool menu
+    only lengthens every row of a training batch), yet still offer several at the higher levels."""
+    from dataclasses import replace
+
+    from traceops.envs.families import FAMILIES
+    from traceops.envs.grounding import build_grounding
+
+    logs = BFCL / "logs" / "embedded.jsonl"
+    trajectories = [t for t in OpenAIReader().read(logs, load_outcomes(BFCL / "outcomes.jsonl"))
+                    if isinstance(t, Trajectory)]
+    grounding = build_grounding(trajectories)
+    assert grounding.max_menu == max(len(t.tools) for t in trajectories) == 4
+    sizes = [len(t["tools"]) for t in FAMILIES["tool_selection"].generate(grounding, 0, 60)]
+    assert max(sizes) == 4 and min(sizes) == 1
+    unbounded = [len(t["tools"]) for t in FAMILIES["tool_selection"].generate(
+        replace(grounding, max_menu=0), 0, 60)]
+    assert max(unbounded) == 8  # without the logs' menus, level 3 offers 8
+
+
 def first_per_category(folder: Path, n: int) -> tuple[Path, Path]:
     """The bundled logs' first ``n`` records of each category and their outcomes, written under ``folder``
     (the tiny night needs no more; the benchmark runs all of them)."""

@@ -67,6 +67,7 @@ class Grounding:
     requests: int = 0
     exchanges: tuple[dict[str, Any], ...] = ()
     answered_ok: int = 0
+    max_menu: int = 0  # native only: the most tools one answered logged request offered (0: none seen)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able view (observed values are summarized by count: they are evaluation data)."""
@@ -88,6 +89,7 @@ class Grounding:
             out["system_prompts"] = [dict(p) for p in self.system_prompts]
         if self.interface == "native":  # catalog groundings keep their earlier hash
             out["requests"] = self.requests
+            out["max_menu"] = self.max_menu
         if self.exchanges:
             out["exchanges"] = [dict(t) for t in self.exchanges]
             out["answered_ok"] = self.answered_ok
@@ -321,15 +323,17 @@ def build_grounding(
     the instruction. Request templates are mined from the single-call requests of ``phrasing_from``
     (default: ``trajectories``) whose outcome is not a failure (a failed reply may have put a value in
     the wrong argument); ``max_parallel`` is the most calls one logged reply made, ``no_call_replies``
-    counts the replies (not failed) that called nothing. Native groundings also carry the system
-    prompts of ``phrasing_from`` (``mine_system_prompts``): native tasks open with the agent's own.
+    counts the replies (not failed) that called nothing, ``max_menu`` (native) the most tools one
+    answered request offered, failed ones included: the agent's interface, whatever its reply. Native
+    groundings also carry the system prompts of ``phrasing_from`` (``mine_system_prompts``): native
+    tasks open with the agent's own.
     """
     from traceops.envs.phrasing import MAX_TEMPLATES, mine_template
 
     if interface is not None and interface not in INTERFACES:
         raise GroundingError(f"interface must be one of {list(INTERFACES)}, got {interface!r}")
     templates: dict[str, list[dict[str, Any]]] = {}
-    max_parallel, no_call, answered = 1, 0, 0
+    max_parallel, no_call, answered, max_menu = 1, 0, 0, 0
     schemas: dict[str, dict[str, Any]] = {}
     examples: dict[tuple[str, str], list[Any]] = {}
     observed_types: dict[tuple[str, str], str] = {}
@@ -380,6 +384,7 @@ def build_grounding(
         if first_calls is None:
             continue
         max_parallel = max(max_parallel, len(first_calls))
+        max_menu = max(max_menu, len(trajectory.tools))
         answered += 1
         no_call += int(not first_calls and not trajectory.outcome.failed)
         if not trajectory.outcome.failed and request:
@@ -474,6 +479,7 @@ def build_grounding(
         exchanges=tuple(sorted(exchanges.values(), key=lambda t: (-t["count"], t["text"]))[:MAX_EXCHANGES])
         if interface == "native" else (),
         answered_ok=answered_ok if interface == "native" else 0,
+        max_menu=max_menu if interface == "native" else 0,
         # Catalog families prompt with their own instructions: only native tasks carry the logged prompt.
         system_prompts=mine_system_prompts(phrasing_from if phrasing_from is not None else trajectories)
         if interface == "native" else (),

@@ -5,8 +5,9 @@ Level 1: 2 APIs; level 2: 4; level 3: 8, including near-miss variants of the tar
 another verb) listed before it.
 
 Native tasks (``traceops.envs.native.selection_task``) offer the logged tools (1 or 2, 4, then up to 8,
-distractors drawn from the same logs only) and state the values in prose, optional ones included at
-times; some ask one tool for several cases, some ask what no offered tool does (no call is right).
+never more than one logged request offered; distractors drawn from the same logs only) and state the
+values in prose, optional ones included at times; some ask one tool for several cases, some ask what no
+offered tool does (no call is right).
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ class ToolSelectionFamily(Family):
     ) -> dict[str, Any]:
         size = CATALOG_SIZE[min(level, 3)]
         if grounding.interface == "native":
-            return selection_task(rng, values, grounding, level=level, offered=size)
+            # No longer menus than the agent's own requests show: an 8-tool menu where the logs offer 1
+            # to 4 functions (BFCL) only lengthens every row it is in, and so every step of its batch.
+            offered = min(size, grounding.max_menu) if grounding.max_menu > 0 else size
+            return selection_task(rng, values, grounding, level=level, offered=offered)
         target = api_view(rng.choice(list(grounding.tools)))
         distractors = distractor_apis(grounding, target, rng, size - 1)
         if level >= 3:
