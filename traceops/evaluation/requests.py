@@ -31,7 +31,7 @@ from traceops.heldout import (
     logged_requests,
 )
 from traceops.model.base import ChatModel, GenerationConfig
-from traceops.model.toolcalls import assistant_text, messages_to_chat, tools_to_openai
+from traceops.model.toolcalls import chat_assistant_text, messages_to_chat, tools_to_openai
 from traceops.schema import Trajectory
 
 OVER_LIMIT = "over the limit: evaluate.requests.limit requests with a reference are replayed per domain"
@@ -228,11 +228,7 @@ def replies_identity(selected: RequestSet) -> str:
 
 def reference_texts(request: LoggedRequest) -> list[str]:
     """Each reference reply of ``request`` as the model would write it (content, then canonical calls)."""
-    texts = []
-    for message in messages_to_chat(request.references):
-        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
-        texts.append(assistant_text(message.get("content"), calls))
-    return texts
+    return [chat_assistant_text(message) for message in messages_to_chat(request.references)]
 
 
 def reply_room(model: ChatModel, requests: Sequence[LoggedRequest], floor: int) -> int:

@@ -27,7 +27,7 @@ from traceops.model.chat_template import DEFAULT_SYSTEM_PROMPT, trained_tokenize
 from traceops.model.embedded import read_manifest, safetensors_hash
 from traceops.model.hub_kernels import kernel_kwargs
 from traceops.model.local import LocalChatModel
-from traceops.model.toolcalls import assistant_text, messages_to_chat, render_prompt
+from traceops.model.toolcalls import chat_assistant_text, messages_to_chat, render_prompt
 
 
 def training_conversation(messages: list[Any]) -> list[dict[str, str]]:
@@ -43,9 +43,7 @@ def training_conversation(messages: list[Any]) -> list[dict[str, str]]:
         role = message["role"]
         content = message.get("content") or ""
         if role == "assistant":
-            calls = [(c["function"]["name"], c["function"]["arguments"])
-                     for c in message.get("tool_calls", [])]
-            content = assistant_text(content, calls)
+            content = chat_assistant_text(message)
         out.append({"role": role, "content": content})
     if not out or out[0]["role"] != "system":
         out.insert(0, {"role": "system", "content": DEFAULT_SYSTEM_PROMPT})

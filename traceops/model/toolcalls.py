@@ -87,6 +87,13 @@ def assistant_text(content: str | None, calls: list[tuple[str, dict[str, Any] | 
     return "\n".join(parts)
 
 
+def chat_assistant_text(message: dict[str, Any]) -> str:
+    """An OpenAI chat assistant message (``messages_to_chat`` form) as the model writes it: its content,
+    then its calls in canonical form."""
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+    return assistant_text(message.get("content"), calls)
+
+
 def _tool_call_fields(call: Any) -> tuple[str, str | None, dict[str, Any] | str]:
     """(id, name, arguments) from a schema.ToolCall, an OpenAI wire dict or a flat dict."""
     if hasattr(call, "model_dump"):
@@ -197,9 +204,8 @@ def _fold_tool_calls(chat: list[dict[str, Any]]) -> list[dict[str, Any]]:
     folded = []
     for message in chat:
         if message.get("tool_calls"):
-            calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
-            message = {k: v for k, v in message.items() if k != "tool_calls"}
-            message["content"] = assistant_text(message.get("content"), calls)
+            message = {**{k: v for k, v in message.items() if k != "tool_calls"},
+                       "content": chat_assistant_text(message)}
         folded.append(message)
     return folded
 
