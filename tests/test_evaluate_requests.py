@@ -20,6 +20,7 @@ from traceops.evaluation.requests import (
     evaluate_requests,
     load_graders,
     reply_room,
+    request_batches,
     request_replies,
     score_reply,
     select_requests,
@@ -155,6 +156,30 @@ def test_a_parallel_reference_gets_room_past_the_per_turn_cap(tiny_model_dir: Pa
     reply = texts[f"weather/{selected.requests[0].task_id}"]
     # The tiny random model writes until it is stopped: its reply fills the room, past the 24-token cap.
     assert len(model.tokenizer(reply, add_special_tokens=False)["input_ids"]) > 24
+
+
+def test_requests_with_their_own_tools_share_batches(tiny_model_dir: Path) -> None:
+    """Logs whose requests each offer their own tools (BFCL's) are batched by domain, not by tool list,
+    and each request still gets exactly what it gets alone."""
+    from traceops.model.adapted import load_base_model
+    from traceops.model.toolcalls import messages_to_chat, tools_to_openai
+
+    offers = [[WEATHER], [TIME], [TIME, WEATHER], [WEATHER, TIME], [TIME]]
+    runs = [logged(f"m{i}", domain="mixed", tools=tools) for i, tools in enumerate(offers)]
+    runs += [logged(f"w{i}") for i in range(2)]
+    selected = select_requests(runs, ALL)
+    model = load_base_model(tiny_model_dir, batch_size=4)
+    floor = 64  # over every reference's room: each request may generate the same length
+    assert all(reply_room(model, [r], floor) == floor for r in selected.requests)
+    batches = request_batches(model, selected.requests, floor, batch_size=4)
+    assert [(len(batch), {r.domain for r in batch}, room) for batch, room in batches] == [
+        (4, {"mixed"}, floor), (1, {"mixed"}, floor), (2, {"weather"}, floor)]
+    assert len({tuple(t.name for t in r.tools) for r in batches[0][0]}) == 3  # several tool lists in one
+    texts = request_replies(model, selected, GenerationConfig(max_new_tokens=floor), batch_size=4)
+    for request in selected.requests:
+        alone = model.generate([messages_to_chat(request.messages)], tools=tools_to_openai(request.tools),
+                               config=GenerationConfig(max_new_tokens=floor))
+        assert texts[f"{request.domain}/{request.task_id}"] == alone[0], request.task_id
 
 
 def scores(domain: str, wins: list[int]) -> list[RequestScore]:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from test_serve import WEATHER, running
 
-from traceops.model.base import GenerationConfig, ModelInfo
+from traceops.model.base import GenerationConfig, ModelInfo, ToolsEach, tools_per_conversation
 from traceops.model.local import LocalChatModel
 from traceops.serve import VERSION_HEADER, create_app
 from traceops.serving.batcher import Batcher, QueueFull
@@ -37,8 +37,10 @@ class GatedModel:
                  config: GenerationConfig | None = None) -> list[str]:
         assert self.gate.wait(30)
         assert config is not None
-        self.calls.append((len(conversations), tools, config))
-        return [f"{c[-1]['content']}|{config.max_new_tokens}|{len(tools or [])}" for c in conversations]
+        offered = tools_per_conversation(tools, len(conversations))
+        self.calls.append((len(conversations), offered, config))
+        return [f"{c[-1]['content']}|{config.max_new_tokens}|{len(own or [])}"
+                for c, own in zip(conversations, offered, strict=True)]
 
 
 def _post(url: str, content: str, **extra: Any) -> httpx.Response:
@@ -74,6 +76,32 @@ def test_concurrent_requests_are_generated_together(tiny: tuple[LocalChatModel, 
     assert all(r.headers[VERSION_HEADER] == fingerprint for r in replies)
 
 
+def test_requests_with_different_tools_share_a_call(tiny: tuple[LocalChatModel, Any, str]) -> None:
+    model = tiny[0]
+    app = create_app(model, params=ServeParams(batch_window_ms=50, max_batch=8))
+    offers = [[WEATHER], [TIME], [TIME, WEATHER], None, [WEATHER], [TIME]]
+    questions = [f"What now for case {i}?" for i in range(len(offers))]
+
+    def ask(url: str, question: str, tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        response = _post(url, question, max_tokens=6, **({"tools": tools} if tools else {}))
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["message"]
+
+    with running(app) as url:
+        with ThreadPoolExecutor(len(offers)) as pool:
+            replies = list(pool.map(lambda q, t: ask(url, q, t), questions, offers))
+        stats = app.state.pool.serving(app.state.pool.entry(None)).batcher.stats
+        assert stats.largest_group > 2  # more requests in one call than any tool list has
+        # Each request was rendered with its own tools: its greedy reply is what it gets alone.
+        assert replies == [ask(url, q, t) for q, t in zip(questions, offers, strict=True)]
+    config = GenerationConfig(max_new_tokens=6)
+    alone_texts = [model.generate([[{"role": "user", "content": q}]], t, config)[0]
+                   for q, t in zip(questions, offers, strict=True)]
+    together = model.generate([[{"role": "user", "content": q}] for q in questions], ToolsEach(tuple(offers)),
+                              config)
+    assert together == alone_texts
+
+
 def test_bad_input_says_what_to_send(tiny: tuple[LocalChatModel, Any, str]) -> None:
     _, _, url = tiny
     cases = [
@@ -97,9 +125,9 @@ def test_bad_input_says_what_to_send(tiny: tuple[LocalChatModel, Any, str]) -> N
     assert _post(url, "still alive", max_tokens=2).status_code == 200  # the server never dies on a request
 
 
-def test_queue_bound_answers_503_and_groups_by_tools_and_length() -> None:
+def test_queue_bound_answers_503_and_groups_by_length_each_with_its_tools() -> None:
     model = GatedModel()
-    app = create_app(model, params=ServeParams(queue_size=3, max_batch=8, batch_window_ms=0))
+    app = create_app(model, params=ServeParams(queue_size=4, max_batch=8, batch_window_ms=0))
     batcher = app.state.pool.serving(app.state.pool.entry(None)).batcher
     with running(app) as url, ThreadPoolExecutor(8) as pool:
         first = pool.submit(_post, url, "first")  # taken by the worker, held at the gate
@@ -107,8 +135,8 @@ def test_queue_bound_answers_503_and_groups_by_tools_and_length() -> None:
             threading.Event().wait(0.01)
         queued = [pool.submit(_post, url, f"q{i}", **extra) for i, extra in enumerate(
             [{"tools": [WEATHER], "max_tokens": 7}, {"tools": [TIME, WEATHER], "max_tokens": 7},
-             {"tools": [WEATHER], "max_tokens": 7}])]
-        while batcher.pending < 3:
+             {"tools": [WEATHER], "max_tokens": 7}, {"tools": [TIME], "max_tokens": 9}])]
+        while batcher.pending < 4:
             threading.Event().wait(0.01)
         refused = _post(url, "one too many")
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
@@ -117,9 +145,13 @@ def test_queue_bound_answers_503_and_groups_by_tools_and_length() -> None:
         replies = [first.result(), *(f.result() for f in queued)]
     assert all(r.status_code == 200 for r in replies)
     texts = [r.json()["choices"][0]["message"]["content"] for r in replies]
-    assert texts == ["first|256|0", "q0|7|1", "q1|7|2", "q2|7|1"]  # each got its own tools and length
-    # The three queued requests ran in one turn: the two with equal tools and length in one call.
-    assert sorted((n, len(tools or [])) for n, tools, _ in model.calls[1:]) == [(1, 2), (2, 1)]
+    assert texts == ["first|256|0", "q0|7|1", "q1|7|2", "q2|7|1", "q3|9|1"]  # each its own tools and length
+    # The four queued requests ran in one turn: one call per length, whatever their tools; the two
+    # offering equal tools side by side (their shared prefix computed once).
+    calls = sorted((config.max_new_tokens, [len(t or []) for t in offered])
+                   for _, offered, config in model.calls[1:])
+    assert calls[1] == (9, [1])
+    assert calls[0][0] == 7 and calls[0][1] in ([1, 1, 2], [2, 1, 1])
 
 
 def test_batcher_survives_a_failing_request() -> None:

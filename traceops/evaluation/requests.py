@@ -5,8 +5,8 @@ The requests come from ``traceops.heldout`` (the seeded per-task split of the cu
 from the logs' successes and the user's reference file). Per domain at most ``limit`` requests with a
 reference are replayed, in the split's seeded hash order; the rest are counted with the reason (no
 reference, no user turn, over the limit), never silently dropped. Each request is generated with its
-own tools (requests sharing a tool list are batched) and room for its longest reference
-(``traceops.evaluation.room``), the raw output read as a reply (``graders.reply_from_text``) and
+own tools (requests with different tools share a batch: ``request_batches``) and room for its longest
+reference (``traceops.evaluation.room``), the raw output read as a reply (``graders.reply_from_text``) and
 scored by ``graders.grade`` against every reference: the best score counts, and a grader failure is
 recorded as a problem, not scored 0. A request succeeds when its score is the full score (1.0).
 """
@@ -30,7 +30,7 @@ from traceops.heldout import (
     load_references,
     logged_requests,
 )
-from traceops.model.base import ChatModel, GenerationConfig
+from traceops.model.base import ChatModel, GenerationConfig, ToolsEach
 from traceops.model.toolcalls import chat_assistant_text, messages_to_chat, tools_to_openai
 from traceops.schema import Trajectory
 
@@ -212,8 +212,8 @@ def evaluate_requests(
     grader_specs: Mapping[str, str] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> RequestEval:
-    """Replay ``selected.requests`` through ``model`` (batches of requests sharing one tool list, each
-    request's own tools) and grade every reply with its domain's grader (``graders``)."""
+    """Replay ``selected.requests`` through ``model`` (``request_batches``: each request with its own
+    tools) and grade every reply with its domain's grader (``graders``)."""
     texts = request_replies(model, selected, config, batch_size, progress)
     return grade_replies(selected, texts, graders, grader_specs)
 
@@ -244,29 +244,48 @@ def request_replies(
     batch_size: int = 8,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, str]:
-    """The raw output of ``model`` for every request of ``selected``, by ``"<domain>/<task_id>"``:
-    batches of requests sharing one tool list, each request with its own tools, each batch with room for
-    its longest reference (``reply_room``; ``config.max_new_tokens`` at least)."""
-    groups: dict[str, list[LoggedRequest]] = {}
-    for request in selected.requests:
-        tools_key = content_hash([t.model_dump(mode="json") for t in request.tools])
-        groups.setdefault(tools_key, []).append(request)
+    """The raw output of ``model`` for every request of ``selected``, by ``"<domain>/<task_id>"``, in
+    the batches ``request_batches`` forms: each request with its own tools, each batch with room for its
+    longest reference (``config.max_new_tokens`` at least)."""
     texts: dict[str, str] = {}
     done = 0
-    for key in sorted(groups):
-        members = groups[key]
-        tools = tools_to_openai(members[0].tools) or None
-        for start in range(0, len(members), batch_size):
-            batch = members[start:start + batch_size]
-            chats = [messages_to_chat(r.messages) for r in batch]
-            room = reply_room(model, batch, config.max_new_tokens)
-            outputs = model.generate(chats, tools=tools, config=replace(config, max_new_tokens=room))
-            for request, text in zip(batch, outputs, strict=True):
-                texts[f"{request.domain}/{request.task_id}"] = text
-            done += len(batch)
-            if progress is not None:
-                progress(done, len(selected.requests))
+    for batch, room in request_batches(model, selected.requests, config.max_new_tokens, batch_size):
+        chats = [messages_to_chat(r.messages) for r in batch]
+        tools = ToolsEach(tuple(tools_to_openai(r.tools) or None for r in batch))
+        outputs = model.generate(chats, tools=tools, config=replace(config, max_new_tokens=room))
+        for request, text in zip(batch, outputs, strict=True):
+            texts[f"{request.domain}/{request.task_id}"] = text
+        done += len(batch)
+        if progress is not None:
+            progress(done, len(selected.requests))
     return texts
+
+
+def request_batches(model: ChatModel, requests: Sequence[LoggedRequest], floor: int,
+                    batch_size: int) -> list[tuple[list[LoggedRequest], int]]:
+    """``requests`` in batches of at most ``batch_size``, each with the new tokens it may generate
+    (``reply_room``: ``floor`` or room for its longest reference).
+
+    Requests that offer different tools share a batch (a ``ToolsEach``): logs whose requests each bring
+    their own tools (BFCL's) were otherwise generated one by one. A batch holds one domain's requests
+    (domains' prompts differ in length by thousands of tokens, and padding would cost more than it
+    saves), ordered by room, so the rows that may run long decode together, then by tool list, so
+    requests with equal tools keep their shared system + tools prefix in one batch.
+    """
+    keyed = []
+    for index, request in enumerate(requests):
+        tools_key = content_hash([t.model_dump(mode="json") for t in request.tools])
+        keyed.append(((request.domain, reply_room(model, [request], floor), tools_key, index), request))
+    keyed.sort(key=lambda item: item[0])
+    batches: list[tuple[list[LoggedRequest], int]] = []
+    for (domain, room, _tools, _index), request in keyed:
+        last = batches[-1] if batches else None
+        if last is None or len(last[0]) >= batch_size or last[0][0].domain != domain:
+            batches.append(([request], room))
+        else:
+            last[0].append(request)
+            batches[-1] = (last[0], max(last[1], room))
+    return batches
 
 
 def grade_replies(selected: RequestSet, texts: Mapping[str, str], graders: Mapping[str, Grader],

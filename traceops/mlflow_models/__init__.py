@@ -25,7 +25,7 @@ import mlflow
 import pandas as pd
 
 from traceops.errors import InputError, ModelError
-from traceops.model.base import ChatModel, GenerationConfig
+from traceops.model.base import ChatModel, GenerationConfig, ToolsEach
 
 MODELS_DIR = Path(__file__).resolve().parent
 KINDS = {"adapter": "adapter_model.py", "composite": "composite_model.py"}
@@ -116,19 +116,11 @@ class ChatPyfunc(mlflow.pyfunc.PythonModel):
     # about neither a missing nor an unsupported hint.
     def predict(self, context: Any, model_input: pd.DataFrame,
                 params: dict[str, Any] | None = None) -> list[str]:
-        """The assistant text for each row; rows sharing a tool list are generated as one batch."""
+        """The assistant text for each row, rows generated in batches, each with its own tools."""
         params = params or {}
         config = GenerationConfig(max_new_tokens=int(params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)),
                                   temperature=float(params.get("temperature", 0.0)),
                                   seed=int(params.get("seed", 0)))
         rows = parse_rows(model_input)
-        groups: dict[str, list[int]] = {}
-        for i, (_messages, tools) in enumerate(rows):
-            groups.setdefault(json.dumps(tools, sort_keys=True), []).append(i)
-        out: list[str] = [""] * len(rows)
-        for indices in groups.values():
-            tools = rows[indices[0]][1]
-            texts = self.chat.generate([rows[i][0] for i in indices], tools or None, config)
-            for i, text in zip(indices, texts, strict=True):
-                out[i] = text
-        return out
+        return self.chat.generate([messages for messages, _ in rows],
+                                  ToolsEach(tuple(tools or None for _, tools in rows)), config)

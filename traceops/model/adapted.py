@@ -22,7 +22,14 @@ from typing import Any
 
 from traceops.errors import ModelError
 from traceops.hashing import content_hash
-from traceops.model.base import Completion, GenerationConfig, ModelInfo
+from traceops.model.base import (
+    Completion,
+    GenerationConfig,
+    ModelInfo,
+    Tools,
+    pick_tools,
+    tools_per_conversation,
+)
 from traceops.model.chat_template import DEFAULT_SYSTEM_PROMPT, trained_tokenizer
 from traceops.model.embedded import read_manifest, safetensors_hash
 from traceops.model.hub_kernels import kernel_kwargs
@@ -68,7 +75,7 @@ class TrainedChatModel(LocalChatModel):
         """The token ids of ``prompt`` as ``complete`` tokenizes them (no added special tokens)."""
         return list(self.tokenizer(self.prompt(conversation, tools), add_special_tokens=False)["input_ids"])
 
-    def complete(self, conversations: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None,
+    def complete(self, conversations: list[list[dict[str, Any]]], tools: Tools = None,
                  config: GenerationConfig | None = None) -> list[Completion]:
         """``LocalChatModel.complete`` over the training form of each conversation.
 
@@ -93,7 +100,7 @@ class TrainedChatModel(LocalChatModel):
         forced = moe.state.forced
         return (moe.mode, moe.top_k, None if forced is None else tuple(forced.flatten().tolist()))
 
-    def _complete_by_route(self, chats: list[list[dict[str, str]]], tools: list[dict[str, Any]] | None,
+    def _complete_by_route(self, chats: list[list[dict[str, str]]], tools: Tools,
                            config: GenerationConfig | None) -> list[Completion]:
         """Request-mode completions generated route by route (see ``complete``). Decisions are made on
         the batches ``complete`` would form, so each row gets the gate its own batch's prefill gives."""
@@ -106,9 +113,11 @@ class TrainedChatModel(LocalChatModel):
             self._decider = RequestDecider(self, moe)
         experts = moe.config.num_experts
         gates: list[tuple[float, ...]] = []
+        offered = tools_per_conversation(tools, len(chats))
         for start in range(0, len(chats), self.batch_size):
             chunk = chats[start:start + self.batch_size]
-            prompts = [render_prompt(self.tokenizer, chat, tools) for chat in chunk]
+            prompts = [render_prompt(self.tokenizer, chat, own)
+                       for chat, own in zip(chunk, offered[start:start + self.batch_size], strict=True)]
             rows = [list(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
             # The real experts' weights; under ``forced`` the null expert gets the rest of 1, as decided.
             gates += [tuple(row) for row in self._decider.gates(rows)[:, :experts].tolist()]
@@ -122,13 +131,13 @@ class TrainedChatModel(LocalChatModel):
         results: list[Completion | None] = [None] * len(chats)
         for gate, rows in groups.items():
             with moe.forced(torch.tensor(gate)):
-                done = super().complete([chats[i] for i in rows], tools, config)
+                done = super().complete([chats[i] for i in rows], pick_tools(tools, rows), config)
             for index, completion in zip(rows, done, strict=True):
                 results[index] = completion
         return [completion for completion in results if completion is not None]
 
     def _complete_under_gates(self, chats: list[list[dict[str, str]]], gates: list[tuple[float, ...]],
-                              tools: list[dict[str, Any]] | None,
+                              tools: Tools,
                               config: GenerationConfig | None) -> list[Completion]:
         """Batches of ``complete`` generated under their rows' forced gates, with the prefix cache off
         (a batch-1 prefix pass cannot carry per-row gates)."""
@@ -138,8 +147,10 @@ class TrainedChatModel(LocalChatModel):
         self.prefix_cache = False
         try:
             for start in range(0, len(chats), self.batch_size):
+                rows = range(start, min(start + self.batch_size, len(chats)))
                 with self.composite.forced(torch.tensor(gates[start:start + self.batch_size])):
-                    results += super().complete(chats[start:start + self.batch_size], tools, config)
+                    results += super().complete(chats[start:start + self.batch_size], pick_tools(tools, rows),
+                                                config)
         finally:
             self.prefix_cache = True
         return results

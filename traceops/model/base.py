@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from traceops.errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -26,16 +29,50 @@ class ModelInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ToolsEach:
+    """The tools of each conversation of one batch, in the conversations' order, for a batch whose
+    conversations offer different tools (held-out requests that each bring their own; concurrent served
+    requests). ``None`` or an empty list: that conversation offers none."""
+
+    lists: tuple[list[dict[str, Any]] | None, ...]
+
+    def pick(self, indices: Iterable[int]) -> ToolsEach:
+        """The tools of the conversations at ``indices``, in that order (a sub-batch's)."""
+        return ToolsEach(tuple(self.lists[i] for i in indices))
+
+
+Tools = list[dict[str, Any]] | ToolsEach | None
+"""What a batch's conversations offer: one tool list for all of them (or None), or ``ToolsEach``."""
+
+
+def tools_per_conversation(tools: Tools, count: int) -> list[list[dict[str, Any]] | None]:
+    """The tool list of each of ``count`` conversations; a ``ToolsEach`` of another length is a
+    ModelError (a caller's bug: the lists and the conversations must pair up)."""
+    if not isinstance(tools, ToolsEach):
+        return [tools] * count
+    if len(tools.lists) != count:
+        raise ModelError(f"ToolsEach holds {len(tools.lists)} tool lists for {count} conversations; "
+                         "pass one list (or None) per conversation")
+    return list(tools.lists)
+
+
+def pick_tools(tools: Tools, indices: Iterable[int]) -> Tools:
+    """The tools of the sub-batch at ``indices``: a shared list stays shared, a ``ToolsEach`` is picked."""
+    return tools.pick(indices) if isinstance(tools, ToolsEach) else tools
+
+
 class ChatModel(Protocol):
     """Turns chat conversations (OpenAI-style message dicts) plus tool specs into raw assistant text.
 
-    ``tools`` are OpenAI function specs ``{"type": "function", "function": {...}}``. The backend renders
-    them through the chat template; parsing tool calls out of the text is ``model.toolcalls``' job.
+    ``tools`` are OpenAI function specs ``{"type": "function", "function": {...}}``, one list offered to
+    every conversation, or a ``ToolsEach`` (a list per conversation). The backend renders them through the
+    chat template; parsing tool calls out of the text is ``model.toolcalls``' job.
     """
 
     info: ModelInfo
 
-    def generate(self, conversations: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None,
+    def generate(self, conversations: list[list[dict[str, Any]]], tools: Tools = None,
                  config: GenerationConfig | None = None) -> list[str]:
         """One completion per conversation, generated as a batch where the backend can."""
         ...

@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 
 from traceops.errors import ModelError
 from traceops.model import shared_prefix
-from traceops.model.base import Completion, GenerationConfig, ModelInfo
+from traceops.model.base import Completion, GenerationConfig, ModelInfo, Tools, tools_per_conversation
 from traceops.model.embedded import read_manifest, safetensors_hash
 from traceops.model.hub_kernels import kernel_kwargs
 from traceops.model.kv_cache import (
@@ -216,9 +216,10 @@ class LocalChatModel:
             stop_strings=list(config.stop) if config.stop else None,
         )
 
-    def complete(self, conversations: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None,
+    def complete(self, conversations: list[list[dict[str, Any]]], tools: Tools = None,
                  config: GenerationConfig | None = None) -> list[Completion]:
-        """One completion per conversation with token counts, generated in batches of ``batch_size``.
+        """One completion per conversation with token counts, generated in batches of ``batch_size``
+        (each conversation rendered with its own tools when ``tools`` is a ``ToolsEach``).
 
         Greedy when ``config.temperature`` is 0; otherwise sampled under ``config.seed`` (offset by the
         batch's start index), without touching the global random state. Text is cut before the first
@@ -228,7 +229,8 @@ class LocalChatModel:
 
         config = config or GenerationConfig()
         hf_config = self._hf_generation_config(config)
-        prompts = [render_prompt(self.tokenizer, conversation, tools) for conversation in conversations]
+        prompts = [render_prompt(self.tokenizer, conversation, offered) for conversation, offered
+                   in zip(conversations, tools_per_conversation(tools, len(conversations)), strict=True)]
         # Generation pads finished rows with pad_token_id: it ends a row just like end-of-turn.
         pad = self.tokenizer.pad_token_id
         eos = self._eos_ids() | ({pad} if pad is not None else set())
@@ -468,7 +470,7 @@ class LocalChatModel:
         return Completion(text=text, prompt_tokens=prompt_length, completion_tokens=len(tokens),
                           finish_reason=finish)
 
-    def generate(self, conversations: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None,
+    def generate(self, conversations: list[list[dict[str, Any]]], tools: Tools = None,
                  config: GenerationConfig | None = None) -> list[str]:
         """One assistant text per conversation (see ``complete``)."""
         return [completion.text for completion in self.complete(conversations, tools, config)]

@@ -20,7 +20,7 @@ import httpx
 
 from traceops.errors import ModelError
 from traceops.hashing import content_hash
-from traceops.model.base import Completion, GenerationConfig, ModelInfo
+from traceops.model.base import Completion, GenerationConfig, ModelInfo, Tools, tools_per_conversation
 from traceops.model.toolcalls import arguments_or_raw, assistant_text, messages_to_chat, tools_to_openai
 
 CONNECT_TIMEOUT_S = 3.0
@@ -166,13 +166,16 @@ class OpenAIChatModel:
             payload["tools"] = tools_to_openai(tools)
         return payload
 
-    def complete(self, conversations: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None,
+    def complete(self, conversations: list[list[dict[str, Any]]], tools: Tools = None,
                  config: GenerationConfig | None = None) -> list[Completion]:
-        """One completion per conversation, with the server's usage counts (0 when it reports none)."""
+        """One completion per conversation (each with its own tools under a ``ToolsEach``), with the
+        server's usage counts (0 when it reports none)."""
         config = config or GenerationConfig()
+        offered = tools_per_conversation(tools, len(conversations))
         results = []
         for index, conversation in enumerate(conversations):
-            response = self._request("POST", "/chat/completions", self._payload(conversation, tools, config))
+            response = self._request("POST", "/chat/completions",
+                                     self._payload(conversation, offered[index], config))
             if response.status_code >= 400:
                 raise ModelError(f"endpoint {public_url(self.base)}/chat/completions answered HTTP "
                                  f"{response.status_code} for conversation {index}: "
@@ -192,7 +195,7 @@ class OpenAIChatModel:
                                       finish_reason=finish))
         return results
 
-    def generate(self, conversations: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None,
+    def generate(self, conversations: list[list[dict[str, Any]]], tools: Tools = None,
                  config: GenerationConfig | None = None) -> list[str]:
         """One assistant text per conversation (see ``complete``)."""
         return [completion.text for completion in self.complete(conversations, tools, config)]

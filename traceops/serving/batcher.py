@@ -2,12 +2,13 @@
 
 Requests queue (bounded: a full queue refuses new ones, the server answers 503 with Retry-After). The
 worker takes the first request, waits up to ``window_s`` for more (requests that arrived while the
-previous batch ran are already there), and takes up to ``max_batch``. Requests with the same tools and
-the same generation settings (``GenerationConfig``: max_tokens, temperature, top_p, seed, stop) share
-one ``complete`` call, so the backend batches them (and its shared-prefix cache computes their common
-system + tools prefix once); requests that differ in either are generated group after group in the same
-turn, never mixed, so each gets exactly its own tools and length. A group that fails is retried one
-request at a time, so one bad request fails alone. The worker never dies on a request.
+previous batch ran are already there), and takes up to ``max_batch``. Requests with the same generation
+settings (``GenerationConfig``: max_tokens, temperature, top_p, seed, stop) share one ``complete`` call
+whatever tools each offers (a ``ToolsEach``: each request is rendered with its own), so the backend
+batches them; requests with equal tools sit side by side, so the backend's shared-prefix cache computes
+their common system + tools prefix once. Requests whose settings differ are generated group after group
+in the same turn, so each gets exactly its own length. A group that fails is retried one request at a
+time, so one bad request fails alone. The worker never dies on a request.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from traceops.errors import TraceopsError
-from traceops.model.base import ChatModel, Completion, GenerationConfig
+from traceops.model.base import ChatModel, Completion, GenerationConfig, Tools, ToolsEach
 
 Check = Callable[[Any, list[dict[str, Any]], list[dict[str, Any]] | None, GenerationConfig], None]
 
@@ -36,7 +37,7 @@ class BatcherClosed(TraceopsError):
     """The batcher was closed (its model was swapped out): submit to the model now served."""
 
 
-def complete(model: ChatModel, conversations: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None,
+def complete(model: ChatModel, conversations: list[list[dict[str, Any]]], tools: Tools,
              config: GenerationConfig) -> list[Completion]:
     """Completions of ``conversations``; token counts come from backends that report them
     (``complete``), else 0."""
@@ -55,9 +56,9 @@ class _Job:
     future: Future[Completion] = field(default_factory=Future)
 
     @property
-    def key(self) -> tuple[str, GenerationConfig]:
-        """Requests with equal keys are generated in one call."""
-        return json.dumps(self.tools, sort_keys=True), self.config
+    def tools_key(self) -> str:
+        """Equal for requests offering equal tools (they are placed side by side in a call)."""
+        return json.dumps(self.tools, sort_keys=True)
 
 
 @dataclass
@@ -175,7 +176,7 @@ class Batcher:
 
     def _generate(self, jobs: list[_Job]) -> None:
         self.stats.batches += 1
-        groups: dict[tuple[str, GenerationConfig], list[_Job]] = {}
+        groups: dict[GenerationConfig, list[_Job]] = {}
         for job in jobs:
             if self.check is not None:
                 try:
@@ -183,15 +184,16 @@ class Batcher:
                 except Exception as exc:  # rejected: fails alone
                     job.future.set_exception(exc)
                     continue
-            groups.setdefault(job.key, []).append(job)
+            groups.setdefault(job.config, []).append(job)
         for group in groups.values():
-            self._run_group(group)
+            self._run_group(sorted(group, key=lambda job: job.tools_key))
 
     def _run_group(self, group: list[_Job]) -> None:
         assert self.model is not None
         first = group[0]
         try:
-            done = complete(self.model, [job.messages for job in group], first.tools, first.config)
+            done = complete(self.model, [job.messages for job in group],
+                            ToolsEach(tuple(job.tools for job in group)), first.config)
         except Exception as exc:
             if len(group) > 1:  # find the request that fails; the others still get their answers
                 for job in group:
