@@ -224,7 +224,7 @@ def test_verifier_is_type_aware_and_order_free(tasks):
 
 class _GoldAgent:
     """A user's agent that answers every request with its gold calls, then "Done.": it records the tools
-    each generate call was given, per conversation."""
+    each conversation was offered."""
 
     def __init__(self, tasks: list[dict[str, Any]]) -> None:
         from traceops.model.base import ModelInfo
@@ -232,14 +232,18 @@ class _GoldAgent:
         self.info = ModelInfo(model_id="gold-agent", weights_hash="none")
         self.by_request = {t["instruction"]: t for t in tasks}
         self.seen: list[tuple[str, list[dict[str, Any]]]] = []
+        self.most_menus = 0  # the most distinct tool lists one generate call was given
 
     def generate(self, conversations, tools=None, config=None):  # type: ignore[no-untyped-def]
+        from traceops.model.base import tools_per_conversation
         from traceops.model.toolcalls import assistant_text
 
         out = []
-        for conversation in conversations:
+        offers = tools_per_conversation(tools, len(conversations))
+        self.most_menus = max(self.most_menus, len({json.dumps(o, sort_keys=True) for o in offers}))
+        for conversation, offered in zip(conversations, offers, strict=True):
             task = self.by_request[next(m["content"] for m in conversation if m["role"] == "user")]
-            self.seen.append((task["task_id"], tools))
+            self.seen.append((task["task_id"], offered))
             if conversation[-1]["role"] == "tool" or not task["gold"]["calls"]:
                 out.append("Done.")
             else:
@@ -258,6 +262,7 @@ def test_agent_loop_offers_each_task_its_own_tools(tasks):
     assert [t.outcome.reward for t in trajectories] == [1.0] * 6
     by_id = {t["task_id"]: t for t in mixed}
     assert agent.seen and all(tools == by_id[task_id]["tools"] for task_id, tools in agent.seen)
+    assert agent.most_menus > 1  # episodes offering different tools share a call
     assert [[s.name for s in t.tools] for t in trajectories] == [
         [s["function"]["name"] for s in task["tools"]] for task in tasks["tool_selection"][:6]]
 

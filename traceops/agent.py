@@ -17,7 +17,7 @@ from traceops.envs.base import Environment
 from traceops.envs.calibration import Episodes
 from traceops.envs.family import Family
 from traceops.errors import ConfigError, ModelError
-from traceops.model.base import ChatModel, GenerationConfig
+from traceops.model.base import ChatModel, GenerationConfig, tools_of_batch
 from traceops.model.toolcalls import parse_tool_calls
 from traceops.schema import FULL_REWARD, Label, Message, Outcome, Source, ToolCall, ToolSpec, Trajectory
 
@@ -153,18 +153,16 @@ def run_episodes(model: ChatModel, env_factory: Callable[[], Environment], tasks
             messages = [Message(role="system", content=env.system_prompt)] if env.system_prompt else []
             messages.append(Message(role="user", content=first))
             live.append(_Episode(index=index, task=dict(task), env=env, messages=messages, tools=tools))
-        # One batch per turn and tool list: the episodes of one factory share their tools unless their
-        # tasks bring their own, then episodes with equal tools share a batch.
-        groups: dict[str, list[_Episode]] = {}
-        for episode in live:
-            groups.setdefault(json.dumps(episode.tools[0], sort_keys=True), []).append(episode)
-        for group in groups.values():
-            texts = model.generate([_chat(e.messages) for e in group], tools=group[0].tools[0], config=config)
-            if len(texts) != len(group):
-                raise ModelError(f"{model.info.model_id}: generate returned {len(texts)} texts for "
-                                 f"{len(group)} conversations")
-            for episode, text in zip(group, texts, strict=True):
-                _step(episode, text if isinstance(text, str) else json.dumps(text), max_turns)
+        # One call per turn, each episode with its own tools (tasks may bring their own); episodes with
+        # equal tools side by side, so the backend's shared-prefix cache computes their prefix once.
+        group = sorted(live, key=lambda e: json.dumps(e.tools[0], sort_keys=True))
+        texts = model.generate([_chat(e.messages) for e in group],
+                               tools=tools_of_batch([e.tools[0] for e in group]), config=config)
+        if len(texts) != len(group):
+            raise ModelError(f"{model.info.model_id}: generate returned {len(texts)} texts for "
+                             f"{len(group)} conversations")
+        for episode, text in zip(group, texts, strict=True):
+            _step(episode, text if isinstance(text, str) else json.dumps(text), max_turns)
         for episode in [e for e in live if e.ended]:
             results[episode.index] = _finish(model, episode, domain, episode.index, episode.tools[1])
             live.remove(episode)

@@ -30,7 +30,7 @@ from traceops.heldout import (
     load_references,
     logged_requests,
 )
-from traceops.model.base import ChatModel, GenerationConfig, ToolsEach
+from traceops.model.base import ChatModel, GenerationConfig, tools_of_batch
 from traceops.model.toolcalls import chat_assistant_text, messages_to_chat, tools_to_openai
 from traceops.schema import Trajectory
 
@@ -251,7 +251,7 @@ def request_replies(
     done = 0
     for batch, room in request_batches(model, selected.requests, config.max_new_tokens, batch_size):
         chats = [messages_to_chat(r.messages) for r in batch]
-        tools = ToolsEach(tuple(tools_to_openai(r.tools) or None for r in batch))
+        tools = tools_of_batch([tools_to_openai(r.tools) or None for r in batch])
         outputs = model.generate(chats, tools=tools, config=replace(config, max_new_tokens=room))
         for request, text in zip(batch, outputs, strict=True):
             texts[f"{request.domain}/{request.task_id}"] = text

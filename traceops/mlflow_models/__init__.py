@@ -25,7 +25,7 @@ import mlflow
 import pandas as pd
 
 from traceops.errors import InputError, ModelError
-from traceops.model.base import ChatModel, GenerationConfig, ToolsEach
+from traceops.model.base import ChatModel, GenerationConfig, tools_of_batch
 
 MODELS_DIR = Path(__file__).resolve().parent
 KINDS = {"adapter": "adapter_model.py", "composite": "composite_model.py"}
@@ -123,4 +123,4 @@ class ChatPyfunc(mlflow.pyfunc.PythonModel):
                                   seed=int(params.get("seed", 0)))
         rows = parse_rows(model_input)
         return self.chat.generate([messages for messages, _ in rows],
-                                  ToolsEach(tuple(tools or None for _, tools in rows)), config)
+                                  tools_of_batch([tools or None for _, tools in rows]), config)

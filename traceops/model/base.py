@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -55,6 +55,13 @@ def tools_per_conversation(tools: Tools, count: int) -> list[list[dict[str, Any]
         raise ModelError(f"ToolsEach holds {len(tools.lists)} tool lists for {count} conversations; "
                          "pass one list (or None) per conversation")
     return list(tools.lists)
+
+
+def tools_of_batch(lists: Sequence[list[dict[str, Any]] | None]) -> Tools:
+    """The ``tools`` argument for conversations offering ``lists`` (one per conversation, in order): the
+    one list when all are equal (what every backend took before ``ToolsEach``), else a ``ToolsEach``."""
+    first = lists[0] if lists else None
+    return first if all(offered == first for offered in lists) else ToolsEach(tuple(lists))
 
 
 def pick_tools(tools: Tools, indices: Iterable[int]) -> Tools:

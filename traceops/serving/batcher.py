@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from traceops.errors import TraceopsError
-from traceops.model.base import ChatModel, Completion, GenerationConfig, Tools, ToolsEach
+from traceops.model.base import ChatModel, Completion, GenerationConfig, Tools, tools_of_batch
 
 Check = Callable[[Any, list[dict[str, Any]], list[dict[str, Any]] | None, GenerationConfig], None]
 
@@ -193,7 +193,7 @@ class Batcher:
         first = group[0]
         try:
             done = complete(self.model, [job.messages for job in group],
-                            ToolsEach(tuple(job.tools for job in group)), first.config)
+                            tools_of_batch([job.tools for job in group]), first.config)
         except Exception as exc:
             if len(group) > 1:  # find the request that fails; the others still get their answers
                 for job in group:
