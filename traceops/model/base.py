@@ -37,10 +37,6 @@ class ToolsEach:
 
     lists: tuple[list[dict[str, Any]] | None, ...]
 
-    def pick(self, indices: Iterable[int]) -> ToolsEach:
-        """The tools of the conversations at ``indices``, in that order (a sub-batch's)."""
-        return ToolsEach(tuple(self.lists[i] for i in indices))
-
 
 Tools = list[dict[str, Any]] | ToolsEach | None
 """What a batch's conversations offer: one tool list for all of them (or None), or ``ToolsEach``."""
@@ -66,7 +62,7 @@ def tools_of_batch(lists: Sequence[list[dict[str, Any]] | None]) -> Tools:
 
 def pick_tools(tools: Tools, indices: Iterable[int]) -> Tools:
     """The tools of the sub-batch at ``indices``: a shared list stays shared, a ``ToolsEach`` is picked."""
-    return tools.pick(indices) if isinstance(tools, ToolsEach) else tools
+    return ToolsEach(tuple(tools.lists[i] for i in indices)) if isinstance(tools, ToolsEach) else tools
 
 
 class ChatModel(Protocol):
