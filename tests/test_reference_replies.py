@@ -17,7 +17,7 @@ from traceops.envs.grounding import ValueFactory, build_grounding
 from traceops.envs.native import check_task, no_call_share
 from traceops.formats.openai import OpenAIReader
 from traceops.formats.outcomes import load_outcomes
-from traceops.heldout import load_references, request_values, split_trajectories
+from traceops.heldout import is_heldout, load_references, request_values, request_words, split_trajectories
 from traceops.reference_replies import REPLY_FROM, answered_by_references
 from traceops.schema import Message, Outcome, Trajectory
 
@@ -86,3 +86,23 @@ def test_referenced_requests_become_replays_in_the_users_words():
         # calculate_density with different parameters (grounding keeps one schema per name)
         check_task(task)
         assert task["gold"]["calls"] and task["instruction"] not in heldout_texts
+
+
+def test_a_request_logged_under_two_task_ids_stays_out_of_training():
+    # BFCL's categories share some questions: the same words under another task id must not train
+    # a model that is then scored on them.
+    def run(task_id: str, words: str) -> Trajectory:
+        return Trajectory(task_id=task_id, tools=[], source={"format": "openai", "file": "f", "record": 0},
+                          outcome=Outcome(success=False),
+                          messages=[Message(role="user", content=words),
+                                    Message(role="assistant", content="no")])
+
+    runs = [run(f"t{i}", f"request {i}") for i in range(40)]
+    _, held = split_trajectories(runs, 0, 0.25)
+    assert held
+    twin_id = next(f"twin{i}" for i in range(100) if not is_heldout(f"twin{i}", 0, 0.25))
+    twin = run(twin_id, f"  {held[0].messages[0].content}\n")
+    train, held_again = split_trajectories([*runs, twin], 0, 0.25)
+    assert held_again == held and twin not in train
+    assert len(train) == len(runs) - len(held)
+    assert request_words(twin) == request_words(held[0])

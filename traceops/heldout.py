@@ -3,7 +3,10 @@
 Logged trajectories are split by ``task_id`` into train and held-out: a task is held out when the hash
 of ``(seed, task_id)`` falls below ``fraction``. The decision depends on the task alone, so it is the
 same whatever else the logs hold (a task held out tonight stays held out as logs grow), and every
-trajectory of a task lands on the same side (retries of one request never straddle the split).
+trajectory of a task lands on the same side (retries of one request never straddle the split). A
+train-side trajectory whose request holds the same user words as a held-out request (one request logged
+under two task ids, as BFCL's categories share some questions) is left out of training: training never
+sees a held-out request's words.
 
 A *logged request* is what the agent was asked at one assistant turn: the messages before that turn
 and the tools it had. It is the first assistant turn that calls a tool (the first assistant turn when
@@ -126,7 +129,14 @@ def split_trajectories(trajectories: Iterable[Trajectory], seed: int,
     held: list[Trajectory] = []
     for trajectory in trajectories:
         (held if is_heldout(trajectory.task_id, seed, fraction) else train).append(trajectory)
-    return train, held
+    held_words = {words for words in map(request_words, held) if any(words)}
+    return [t for t in train if request_words(t) not in held_words], held
+
+
+def request_words(trajectory: Trajectory) -> tuple[str, ...]:
+    """The user messages of a trajectory's request (before its request turn), whitespace-trimmed."""
+    step = request_step(trajectory)
+    return tuple(str(m.content or "").strip() for m in trajectory.messages[:step] if m.role == "user")
 
 
 def train_trajectories(trajectories: Iterable[Trajectory], seed: int, fraction: float) -> list[Trajectory]:
