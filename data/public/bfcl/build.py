@@ -14,7 +14,9 @@ What it does:
 * picks, per category (simple_python, multiple, parallel, irrelevance), the requests in the order of
   sha256(id): the first ``--per-category`` go to ``requests.jsonl`` (the development set the logs are
   made from), the next ``--final-per-category`` to ``final_check/requests.jsonl`` (kept unused for
-  development, as the issue's final check). Requests whose possible answer expands to more than
+  development, as the issue's final check), and the next ``--more-per-category`` to the development set
+  again (so the development set grows while the final check keeps the same requests). Requests whose
+  possible answer expands to more than
   ``--max-alternatives`` reference replies (or with none left valid) are passed over (counted in
   SOURCE.md's table).
 * converts BFCL's function docs to OpenAI ``tools`` (``{"type": "function", "function": {...}}``) with
@@ -250,15 +252,18 @@ def order_key(task_id: str) -> str:
 
 
 def build(categories: dict[str, tuple[list, dict]], per_category: int, final_per_category: int,
-          limit: int) -> tuple[dict[str, list], dict[str, dict[str, int]]]:
-    """``({"dev": rows, "final": rows}, counts)``; a row is ``(request, [reference replies])``."""
+          limit: int, more_per_category: int = 0) -> tuple[dict[str, list], dict[str, dict[str, int]]]:
+    """``({"dev": rows, "final": rows}, counts)``; a row is ``(request, [reference replies])``. In the
+    selection order: ``per_category`` development requests, ``final_per_category`` final-check ones, then
+    ``more_per_category`` development ones again."""
     sets: dict[str, list] = {"dev": [], "final": []}
     counts: dict[str, dict[str, int]] = {}
     for category, (questions, answers) in categories.items():
         picked = {"dev": 0, "final": 0, "passed_over": 0}
         for question in sorted(questions, key=lambda q: order_key(q["id"])):
             target = ("dev" if picked["dev"] < per_category
-                      else "final" if picked["final"] < final_per_category else None)
+                      else "final" if picked["final"] < final_per_category
+                      else "dev" if picked["dev"] < per_category + more_per_category else None)
             if target is None:
                 break
             task_id = question["id"]
@@ -299,10 +304,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--per-category", type=int, default=50)
     parser.add_argument("--final-per-category", type=int, default=20)
+    parser.add_argument("--more-per-category", type=int, default=50,
+                        help="development requests taken after the final check's (it stays the same)")
     parser.add_argument("--max-alternatives", type=int, default=64)
     args = parser.parse_args()
     categories = {c: load_category(c, args.source, args.git_dir, args.commit) for c in CATEGORIES}
-    sets, counts = build(categories, args.per_category, args.final_per_category, args.max_alternatives)
+    sets, counts = build(categories, args.per_category, args.final_per_category, args.max_alternatives,
+                         args.more_per_category)
     for name, folder in (("dev", args.out), ("final", args.out / "final_check")):
         write_jsonl(folder / "requests.jsonl", [request for request, _ in sets[name]])
         write_jsonl(folder / "references.jsonl", [{"task_id": request["task_id"], "reply": reply}
