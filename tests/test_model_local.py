@@ -12,6 +12,7 @@ from traceops.model import load_model
 from traceops.model.base import GenerationConfig
 from traceops.model.embedded import safetensors_hash
 from traceops.model.local import LocalChatModel
+from traceops.model.toolcalls import render_prompt
 
 PROMPTS = [
     [{"role": "user", "content": "hi"}],
@@ -136,6 +137,26 @@ def test_prefix_cache_gives_the_tokens_of_plain_generation(tiny_model_dir: Path)
     assert single.complete(SHARED, tools, config) == first
     sampled = GenerationConfig(max_new_tokens=8, temperature=1.0, seed=3)
     assert cached.generate(SHARED, tools, sampled) == plain.generate(SHARED, tools, sampled)
+
+
+def test_a_row_with_other_tools_is_generated_apart_from_the_shared_prefix(tiny_model_dir: Path) -> None:
+    from traceops.model.base import ToolsEach
+
+    cached = LocalChatModel(tiny_model_dir, batch_size=4)
+    plain = LocalChatModel.from_objects(cached.model, cached.tokenizer, cached.info, batch_size=4)
+    tools = _retail_tools(5)
+    conversations = [*SHARED, PROMPTS[0]]
+    offered = ToolsEach((tools, tools, tools, None))  # the last row offers none: it shares ~0 tokens
+    config = GenerationConfig(max_new_tokens=12)
+    prompts = [render_prompt(cached.tokenizer, c, t)
+               for c, t in zip(conversations, offered.lists, strict=True)]
+    rows = [list(ids) for ids in cached.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+    assert cached.generation_batches(rows, 12) == [range(0, 3), range(3, 4)]
+    expected = plain.complete(conversations, offered, config)
+    prefilled = _prefilled_tokens(cached)
+    assert cached.complete(conversations, offered, config) == expected
+    # The three rows' ~600 shared tokens were computed once, not again for each row behind a short prefix.
+    assert len(rows[0]) > 500 and sum(prefilled) < 2 * len(rows[0])
 
 
 def test_prefix_cache_follows_weight_changes(tiny_model_dir: Path) -> None:

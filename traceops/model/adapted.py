@@ -113,14 +113,14 @@ class TrainedChatModel(LocalChatModel):
             self._decider = RequestDecider(self, moe)
         experts = moe.config.num_experts
         gates: list[tuple[float, ...]] = []
-        offered = tools_per_conversation(tools, len(chats))
-        for start in range(0, len(chats), self.batch_size):
-            chunk = chats[start:start + self.batch_size]
-            prompts = [render_prompt(self.tokenizer, chat, own)
-                       for chat, own in zip(chunk, offered[start:start + self.batch_size], strict=True)]
-            rows = [list(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        prompts = [render_prompt(self.tokenizer, chat, own)
+                   for chat, own in zip(chats, tools_per_conversation(tools, len(chats)), strict=True)]
+        rows = [list(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        max_new_tokens = self._hf_generation_config(config or GenerationConfig()).max_new_tokens
+        for batch in self.generation_batches(rows, max_new_tokens):
             # The real experts' weights; under ``forced`` the null expert gets the rest of 1, as decided.
-            gates += [tuple(row) for row in self._decider.gates(rows)[:, :experts].tolist()]
+            decided = self._decider.gates(rows[batch.start:batch.stop])
+            gates += [tuple(row) for row in decided[:, :experts].tolist()]
         if moe.top_k > 1:
             # Mixes of several experts are continuous: rows rarely share one, and batch-1 groups would decode
             # slowly. Each batch generates under its rows' own gates, without the prefix cache.

@@ -42,9 +42,9 @@ from traceops.model.kv_cache import (
     shared_prefix_layer,
     supports_prefix_cache,
 )
+from traceops.model.prefix_batches import decode_step_tokens, prefix_batches
 from traceops.model.toolcalls import render_prompt
 
-# Shared prefixes shorter than this are not worth a separate forward pass.
 # Prefixes kept at once, one per routing state (a composite generating one group per expert); each is
 # the prefix's keys and values at batch 1 (about 46 MB per 1,000 tokens for the embedded model).
 PREFIX_SLOTS = 8
@@ -218,8 +218,9 @@ class LocalChatModel:
 
     def complete(self, conversations: list[list[dict[str, Any]]], tools: Tools = None,
                  config: GenerationConfig | None = None) -> list[Completion]:
-        """One completion per conversation with token counts, generated in batches of ``batch_size``
-        (each conversation rendered with its own tools when ``tools`` is a ``ToolsEach``).
+        """One completion per conversation with token counts, generated in batches of at most
+        ``batch_size`` (each conversation rendered with its own tools when ``tools`` is a ``ToolsEach``);
+        with the prefix cache, the batches are ``generation_batches``'.
 
         Greedy when ``config.temperature`` is 0; otherwise sampled under ``config.seed`` (offset by the
         batch's start index), without touching the global random state. Text is cut before the first
@@ -236,16 +237,26 @@ class LocalChatModel:
         eos = self._eos_ids() | ({pad} if pad is not None else set())
         device = next(self.model.parameters()).device
         rng_devices = [device.index or 0] if device.type == "cuda" else []
+        cached = self.prefix_cache and self._supports_prefix_cache()
+        if cached:
+            rows = [list(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+            batches = self.generation_batches(rows, hf_config.max_new_tokens)
+        else:
+            rows = []
+            batches = [range(s, min(s + self.batch_size, len(prompts))) for s in range(0, len(prompts),
+                                                                                       self.batch_size)]
         results: list[Completion] = []
-        for start in range(0, len(prompts), self.batch_size):
-            chunk = prompts[start:start + self.batch_size]
+        for batch in batches:
             extra = {"tokenizer": self.tokenizer} if config.stop else {}
             with torch.random.fork_rng(devices=rng_devices), torch.inference_mode():
-                torch.manual_seed(config.seed + start)
-                if self.prefix_cache and self._supports_prefix_cache():
-                    new_tokens, prompt_lengths = self._generate_with_prefix(chunk, hf_config, extra, device)
+                torch.manual_seed(config.seed + batch.start)
+                if cached:
+                    chunk_rows = rows[batch.start:batch.stop]
+                    new_tokens = self.generate_rows(chunk_rows, hf_config, extra, device)
+                    prompt_lengths = [len(row) for row in chunk_rows]
                 else:
-                    encoded = self.tokenizer(chunk, return_tensors="pt", padding=True, padding_side="left",
+                    encoded = self.tokenizer(prompts[batch.start:batch.stop], return_tensors="pt",
+                                             padding=True, padding_side="left",
                                              add_special_tokens=False).to(device)
                     output = self.model.generate(**encoded, generation_config=hf_config, **extra)
                     new_tokens = output[:, encoded["input_ids"].shape[1]:].tolist()
@@ -348,11 +359,13 @@ class LocalChatModel:
                       for (pk, pv), (k, v) in zip(prefix, own, strict=True)]
         return self._growing_cache(prefix, batch=batch, capacity=capacity), contextlib.nullcontext()
 
-    def _generate_with_prefix(self, prompts: list[str], hf_config: Any, extra: dict[str, Any],
-                              device: Any) -> tuple[list[list[int]], list[int]]:
-        """Generate one batch from the shared-prefix cache; returns the new tokens and prompt lengths."""
-        rows = [list(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
-        return self.generate_rows(rows, hf_config, extra, device), [len(row) for row in rows]
+    def generation_batches(self, rows: list[list[int]], max_new_tokens: int) -> list[range]:
+        """The batches (of at most ``batch_size``) ``complete`` generates ``rows`` (prompt token ids) in
+        with the prefix cache: rows in order, a row that would cut its batch's shared prefix short
+        batched apart when that costs less than decoding another batch (``prefix_batches``)."""
+        device = next(self.model.parameters()).device
+        step = decode_step_tokens(device.type)
+        return prefix_batches(rows, self.batch_size, batch_cost=step * max_new_tokens)
 
     def generate_rows(self, rows: list[list[int]], hf_config: Any, extra: dict[str, Any] | None = None,
                       device: Any = None) -> list[list[int]]:
