@@ -14,7 +14,7 @@ from traceops.model.reference import resolve_base_model
 from traceops.moe.route_config import RouteConfig
 from traceops.results import AdapterResult, RouteResult
 from traceops.tasks.cache import run_cached, stage_key
-from traceops.tasks.route import composite_exists, route_task
+from traceops.tasks.route import composite_exists, keep_base_draw, route_task
 
 
 def latest_adapters(paths: config.Paths) -> list[dict[str, Any]]:
@@ -70,7 +70,9 @@ def route_flow(home: str | None = None, adapters: list[AdapterResult] | None = N
         raise StageError(f"route: no environments for {', '.join(missing)} under {paths.environments}; the "
                          "routers are fitted on their demonstrations: run `traceops synthesize` first")
     envs = {row["capability"]: folder_hash(paths.environments / row["capability"]) for row in rows}
+    draw = (keep_base_draw(settings, [r["capability"] for r in rows], base_ref).to_dict()
+            if params["keep_base"] else None)
     key = stage_key("route", [(r["capability"], r["model_name"], r["model_version"]) for r in rows], params,
-                    base_ref, envs)
+                    base_ref, envs, *([draw["ids"]] if draw else []))
     return run_cached(route_task, composite_exists, key=key, adapters=rows, home=home, params=params,
-                      base_model=base_model, lineage=lineage, parent_run_id=parent_run_id)
+                      base_model=base_model, lineage=lineage, parent_run_id=parent_run_id, keep_base=draw)

@@ -21,6 +21,7 @@ from traceops import config, registry
 from traceops.atomic import atomic_folder
 from traceops.compose import compose, composite_fitted, expert_records, fit_metrics
 from traceops.errors import ConfigError, StageError
+from traceops.keep_base import KeepBaseDraw, draw_keep_base, keep_base_examples
 from traceops.lineage import current_lineage
 from traceops.model.reference import resolve_base_model
 from traceops.moe.route_config import RouteConfig
@@ -58,6 +59,46 @@ def _adapter_folder(paths: config.Paths, adapter: dict[str, Any]) -> Path:
         raise StageError(f"route: {ref.uri} downloaded to {folder} is not a PEFT adapter folder; "
                          "retrain the capability with `traceops train`")
     return folder
+
+
+def keep_base_draw(settings: config.Settings, capabilities: list[str], base_ref: str) -> KeepBaseDraw:
+    """The base model's logged runs that teach keep-base routing (``traceops.keep_base``): the curated
+    trajectories whose agent is the base model (``base_ref``'s id), on the train side of
+    ``evaluate.requests``' held-out split, failures by the capability the diagnosis blamed."""
+    import pyarrow.parquet as pq
+
+    from traceops.evaluation.replay import ATTRIBUTIONS
+    from traceops.heldout import RequestParams
+    from traceops.store import load_trajectories
+
+    route_config = RouteConfig.from_params(settings.stage("route"))
+    held = RequestParams.from_params(settings.stage("evaluate").get("requests"))
+    blamed: dict[str, str | None] = {}
+    attributions = settings.paths.diagnosis / ATTRIBUTIONS
+    if attributions.is_file():
+        table = pq.read_table(attributions, columns=["trajectory_id", "capability"]).to_pydict()
+        blamed = {str(t): (None if c is None else str(c))
+                  for t, c in zip(table["trajectory_id"], table["capability"], strict=True)}
+    agent = base_ref.rsplit("@", 1)[0]
+    return draw_keep_base(load_trajectories(settings.paths), blamed, capabilities, agent, held.seed,
+                          held.heldout_fraction, route_config.keep_base_examples, route_config.seed)
+
+
+def _keep_base_examples(paths: config.Paths,
+                        draw: dict[str, Any] | None) -> dict[str, list[dict[str, Any]]] | None:
+    """The drawn runs as routing examples (None without a draw); a drawn run missing from the store
+    (ingest rewrote it since the draw) is an error, not a smaller set."""
+    from traceops.store import load_trajectories
+
+    if draw is None:
+        return None
+    picked = KeepBaseDraw(ids=draw["ids"], available=draw["available"])
+    ids = [i for group in picked.ids.values() for i in group]
+    try:
+        return keep_base_examples(picked, load_trajectories(paths, ids=ids))
+    except KeyError as exc:
+        raise StageError(f"route: keep-base {exc.args[0]} in {paths.curated}; run the route stage again so "
+                         "it draws from the current logs") from None
 
 
 def _fit_streamer(capabilities: list[str]) -> tuple[Any, set[tuple[str, int]]]:
@@ -117,12 +158,14 @@ def restore_registered(paths: config.Paths, router: registry.ModelRef, key: str,
 @task(name="route", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, **CACHED)
 def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None,
                params: dict[str, Any] | None = None, base_model: str = "embedded",
-               lineage: dict[str, str] | None = None, parent_run_id: str | None = None) -> RouteResult:
+               lineage: dict[str, str] | None = None, parent_run_id: str | None = None,
+               keep_base: dict[str, Any] | None = None) -> RouteResult:
     """Build the composite over ``adapters`` (train results: capability, model_name, model_version,
     adapter_path), fit its routers, save it to ``<models>/composite`` and register router and composite.
 
-    ``key`` (adapter versions + parameters + base model + environments) is the cache key: an unchanged
-    night does not refit.
+    ``key`` (adapter versions + parameters + base model + environments + the keep-base draw) is the
+    cache key: an unchanged night does not refit. ``keep_base``: the ``KeepBaseDraw`` (as a dict) of the
+    logged runs that teach keep-base routing (None: not asked for).
     """
     import mlflow
 
@@ -160,13 +203,17 @@ def route_task(key: str, adapters: list[dict[str, Any]], home: str | None = None
                 on_step, logged = _fit_streamer(capabilities)
                 composed = compose(folders, base_dir, paths.environments, route_config, key=key,
                                    target=target, base_model=base_model, base_ref=base_ref, experts=experts,
-                                   on_step=on_step, probe_cache=paths.models / PROBE_CACHE)
+                                   on_step=on_step, probe_cache=paths.models / PROBE_CACHE,
+                                   logged=_keep_base_examples(paths, keep_base))
             fit = None if composed.fit is None else composed.fit.to_dict()
             routing = composed.routing
             metrics = _log_fit(fit, routing, logged)
             mlflow.log_metric("trace_seconds", composed.trace_seconds)
-            log_json({"fit": fit, "val_routing": routing,
-                      "experts": experts}, ROUTING_ARTIFACT)
+            if composed.keep_base is not None:
+                mlflow.log_metric("keep_base_kept", float(bool(composed.keep_base.get("kept"))))
+                mlflow.set_tag("traceops.keep_base", composed.keep_base.get("reason") or "kept")
+            log_json({"fit": fit, "val_routing": routing, "experts": experts,
+                      "keep_base": {"draw": keep_base, "verdict": composed.keep_base}}, ROUTING_ARTIFACT)
             fit_run = run.info.run_id
             router = register_router(target, lineage, parent_versions, base_model=_base_arg(base_model),
                                      extra_tags={TAG_ROUTE_KEY: key})

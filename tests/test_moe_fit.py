@@ -281,3 +281,53 @@ def test_probe_store_reuses_an_unchanged_capabilitys_samples_with_the_same_fit(s
     fit(changed, store)
     assert store.prune() and len(list(tmp_path.iterdir())) == 4
     assert len({path.name for path in tmp_path.iterdir()} & entries) == 2
+
+
+def logged_chats(words: list[str], n: int, seed: int) -> list:
+    """Logged requests as the keep-base draw renders them: the shared system prompt, a user turn, the
+    reply."""
+    return [chat[:3] for chat in shared_prefix_chats(words, n, seed)]
+
+
+@pytest.mark.parametrize("separable", [True, False])
+def test_keep_base_examples_route_the_bases_successes_to_the_null_expert_when_held_out_ones_do(
+        setup, separable):
+    tokenizer, base, dirs, _ = setup
+    examples = {"lookup": shared_prefix_chats(WORDS_A, 12, 0), "refusal": shared_prefix_chats(WORDS_B, 12, 1)}
+    # The base's successes: requests in words of their own (separable), or drawn like the failures.
+    successes = WORDS_A[20:] if separable else WORDS_A[:20]
+    logged = {"null": logged_chats(successes, 30, 2), "lookup": logged_chats(WORDS_A[:20], 30, 3)}
+    moe = build_moe(copy.deepcopy(base), dirs, top_k=1, mode="request", null_expert=True)
+    config = RouteConfig(probe_steps=150, probe_tokens=8, seed=0, keep_base=True).fit_config()
+    result = fit_router(moe, tokenizer, examples, config, logged=logged)
+    verdict = result.keep_base
+    assert verdict is not None
+    assert verdict["heldout_prompts"] == {"lookup": 6, "null": 6}
+    assert verdict["train_prompts"] == {"lookup": 24, "null": 24}
+    assert verdict["kept"] is separable, verdict
+    null = moe.config.num_experts
+    prompt = logged["null"][0][:2]
+    ids = tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True)
+    ids = torch.tensor([list(ids["input_ids"] if hasattr(ids, "keys") else ids)])
+    chosen = int(moe.request_gates(ids)[0].argmax()) if moe.request_gates(ids)[0].sum() else null
+    if separable:
+        assert verdict["recall"]["null"] >= 0.8 and verdict["reason"] is None
+        assert chosen == null  # the base answers what it answered right
+        assert result.decision_accuracy is not None and result.decision_accuracy >= 0.8
+    else:
+        assert "routed to it" in verdict["reason"]
+        assert chosen != null
+        # Refitted from the same start without them: the routers a fit without keep-base examples gives.
+        plain = build_moe(copy.deepcopy(base), dirs, top_k=1, mode="request", null_expert=True)
+        fit_router(plain, tokenizer, examples, config)
+        for path, router in moe.routers.items():
+            torch.testing.assert_close(router.proj.weight, plain.routers[path].proj.weight)
+
+
+def test_keep_base_needs_a_null_expert_and_a_probe_phase(setup):
+    tokenizer, base, dirs, examples = setup
+    with pytest.raises(ConfigError, match="null_expert"):
+        RouteConfig(keep_base=True, null_expert=False)
+    moe = build_moe(copy.deepcopy(base), dirs, top_k=1, null_expert=False)
+    with pytest.raises(ConfigError, match="null expert"):
+        fit_router(moe, tokenizer, examples, RouteConfig(probe_steps=10).fit_config(), logged={})

@@ -21,6 +21,7 @@ from typing import Any
 from traceops.atomic import atomic_folder
 from traceops.model.chat_template import trained_tokenizer
 from traceops.moe.build import build_moe
+from traceops.moe.config import NULL_EXPERT
 from traceops.moe.fit import FitResult, StepCallback, evaluate_routing, fit_router
 from traceops.moe.io import CONFIG_NAME, WEIGHTS_NAME, save_moe
 from traceops.moe.probe_cache import ProbeStore
@@ -37,12 +38,14 @@ class Composed:
     fit: FitResult | None  # None: a single expert, no router to fit
     routing: dict[str, dict[str, Any]]
     trace_seconds: float
+    keep_base: dict[str, Any] | None = None  # the keep-base verdict (``fit_router``); None: not asked for
 
 
 def compose(folders: Mapping[str, Path], base_dir: Path, environments: Path, config: RouteConfig, *,
             key: str, target: Path, base_model: str, base_ref: str,
             experts: Mapping[str, Mapping[str, str]], on_step: StepCallback | None = None,
-            probe_cache: Path | None = None) -> Composed:
+            probe_cache: Path | None = None,
+            logged: Mapping[str, list[dict[str, Any]]] | None = None) -> Composed:
     """Build the composite of the adapter ``folders`` (by capability) over the base model in ``base_dir``,
     fit its routers on the demonstrations of ``environments/<capability>``, trace val routing and save it to
     ``target``.
@@ -51,7 +54,9 @@ def compose(folders: Mapping[str, Path], base_dir: Path, environments: Path, con
     weights hash) and ``experts`` (each capability's registered model name and version, see
     ``expert_records``) are recorded in ``composite.json``. ``on_step`` hears of the router fit's progress
     (``fit_router``). ``probe_cache``: a folder that keeps each capability's probe samples for the next
-    fit (``traceops.moe.probe_cache``); left holding this fit's entries only.
+    fit (``traceops.moe.probe_cache``); left holding this fit's entries only. ``logged``: keep-base
+    examples by target (``traceops.keep_base``; None: not asked for); a composite of one expert gets a
+    router only when the fit keeps them.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -60,24 +65,35 @@ def compose(folders: Mapping[str, Path], base_dir: Path, environments: Path, con
     tokenizer = trained_tokenizer(base_dir, next(iter(folders.values())))
     torch.manual_seed(config.seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).eval()
-    if len(capabilities) == 1:
+    verdict = None
+    if logged is not None and not _fits_keep_base(logged):
+        verdict = {"kept": False, "reason": "fewer than 2 logged requests the base answered right"}
+        logged = None
+    fit: FitResult | None = None
+    if len(capabilities) > 1 or logged is not None:
+        train = {c: _demonstrations(environments / c, c, "train", config.train_examples, config.seed)
+                 for c in capabilities}
+        moe = build_moe(model, dict(folders), top_k=config.top_k, null_expert=config.null_expert,
+                        mode=config.mode, router_seed=config.seed, base_weights_hash=base_ref)
+        store = ProbeStore(probe_cache) if probe_cache is not None else None
+        fit = fit_router(moe, tokenizer, train, config.fit_config(), on_step=on_step, probe_store=store,
+                         logged=logged)
+        if store is not None:
+            store.prune()
+        verdict = fit.keep_base if logged is not None else verdict
+        if len(capabilities) == 1 and not (verdict or {}).get("kept"):
+            fit = None  # the router adds nothing to one expert: the adapter alone, as below
+            model = moe.remove()
+    routing, trace_seconds = {}, 0.0
+    if fit is None:
         # One expert needs no router: without a null expert, top-1 of one sends every token to it, which
         # is the adapter itself. Nothing is fitted or traced (on a one-capability night the fit took 606 s
         # of a 2,039 s night).
         moe = build_moe(model, dict(folders), top_k=1, null_expert=False, mode=config.mode,
                         router_seed=config.seed, base_weights_hash=base_ref)
-        fit, routing, trace_seconds = None, {}, 0.0
     else:
-        train = {c: _demonstrations(environments / c, c, "train", config.train_examples, config.seed)
-                 for c in capabilities}
         val = {c: _demonstrations(environments / c, c, "val", config.val_examples, config.seed)
                for c in capabilities}
-        moe = build_moe(model, dict(folders), top_k=config.top_k, null_expert=config.null_expert,
-                        mode=config.mode, router_seed=config.seed, base_weights_hash=base_ref)
-        store = ProbeStore(probe_cache) if probe_cache is not None else None
-        fit = fit_router(moe, tokenizer, train, config.fit_config(), on_step=on_step, probe_store=store)
-        if store is not None:
-            store.prune()
         tick = time.perf_counter()
         routing = evaluate_routing(moe, tokenizer, {c: rows for c, rows in val.items() if rows},
                                    max_length=config.max_length, batch_size=config.batch_size)
@@ -86,13 +102,20 @@ def compose(folders: Mapping[str, Path], base_dir: Path, environments: Path, con
         "key": key, "base_model": base_model, "base_model_ref": base_ref, "experts": dict(experts),
         "top_k": moe.top_k, "mode": moe.mode, "null_expert": moe.config.null_expert,
         "fit": None if fit is None else {k: v for k, v in fit.to_dict().items() if k != "losses"},
+        "keep_base": verdict,
     }
     with atomic_folder(target) as tmp:
         save_moe(moe, tmp)
         # The chat template the experts were trained with travels with the composite.
         tokenizer.save_pretrained(str(tmp))
         (tmp / COMPOSITE_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    return Composed(fit=fit, routing=routing, trace_seconds=trace_seconds)
+    return Composed(fit=fit, routing=routing, trace_seconds=trace_seconds, keep_base=verdict)
+
+
+def _fits_keep_base(logged: Mapping[str, list[dict[str, Any]]]) -> bool:
+    """Whether keep-base examples are enough to fit and check: at least 2 base successes (one to fit,
+    one to hold out)."""
+    return len(logged.get(NULL_EXPERT, [])) >= 2
 
 
 def composite_fitted(folder: Path, key: str) -> bool:

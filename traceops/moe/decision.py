@@ -85,5 +85,17 @@ def decision_accuracy(moe: MoEModel, samples: DecisionSamples) -> float | None:
     return float((chosen == samples.targets).float().mean())
 
 
+@torch.no_grad()
+def target_recall(moe: MoEModel, samples: DecisionSamples) -> dict[int, tuple[int, int]]:
+    """For each target expert index among the sampled prompts: (prompts whose request-mode choice is
+    it, prompts of it)."""
+    chosen = decision_scores(moe, samples).argmax(dim=-1).cpu()
+    out = {}
+    for target in sorted(set(samples.targets.tolist())):
+        mine = samples.targets == target
+        out[int(target)] = (int((chosen[mine] == target).sum()), int(mine.sum()))
+    return out
+
+
 __all__ = ["DecisionSamples", "decision_accuracy", "decision_loss", "decision_scores", "merge_samples",
-           "prompt_means", "prompt_targets"]
+           "prompt_means", "prompt_targets", "target_recall"]

@@ -10,6 +10,14 @@ cross-entropy on each block's router logits) + ``lm_weight`` * LM loss on the de
 ``z_weight`` * router z-loss. Both phases also fit the request-mode decision on the demonstrations'
 decision prompts (``decision_weight``, ``traceops.moe.decision``). Held-out examples measure routing
 accuracy before, between and after.
+
+Keep-base examples (``logged``): the agent's own logged requests, each with the expert that should
+decide it, or the null expert for a request the base model answered right. Only their decision prompts
+supervise the fit (the request-mode choice), never their tokens. A share of them is held out; when the
+fitted probes route fewer than ``keep_base_min_recall`` of the held-out prompts of any logged target, or
+of the demonstrations' held-out decision prompts, to the right choice, the probes are fitted again
+without them (the base's successes and the failures may not be separable from the prompt alone: then a
+composite that sends a failure to the base would lose what the adapter learned).
 """
 
 from __future__ import annotations
@@ -17,15 +25,22 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from traceops.errors import ConfigError, InputError
-from traceops.moe.decision import DecisionSamples, decision_accuracy, decision_loss
+from traceops.moe.config import NULL_EXPERT
+from traceops.moe.decision import (
+    DecisionSamples,
+    decision_accuracy,
+    decision_loss,
+    merge_samples,
+    target_recall,
+)
 from traceops.moe.model import MoEModel
 from traceops.moe.probe import ProbeSamples, collect_block_inputs, fit_probes, merge_probe_samples
 from traceops.moe.probe_cache import ProbeStore
@@ -56,6 +71,7 @@ class FitConfig:
     probe_tokens: int
     probe_max_length: int
     decision_weight: float
+    keep_base_min_recall: float
     probe_learning_rate: float = 0.05
     probe_routings: tuple[str, ...] = ("own", "base")
     probe_batch_size: int = 4
@@ -104,6 +120,7 @@ class FitResult:
     initial_decision_accuracy: float | None = None
     probe_decision_accuracy: float | None = None
     decision_prompts: int = 0
+    keep_base: dict[str, Any] | None = None  # the keep-base verdict (``_keep_base_verdict``); None: no logged
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,23 +209,36 @@ def _batch(items: list[_Encoded], pad_id: int, device: torch.device) -> dict[str
             "target": target.to(device), "decision_ends": ends}
 
 
-def _split(moe: MoEModel, tokenizer: Any, examples: dict[str, list[Example]], config: FitConfig,
-           rng: random.Random) -> tuple[list[_Encoded], list[_Encoded]]:
+def _expert_index(moe: MoEModel, capability: str, null: bool = False) -> int:
+    """The router output of ``capability``'s expert (``NULL_EXPERT``, where ``null`` allows it: the
+    base-only choice, after the experts)."""
+    if null and capability == NULL_EXPERT and moe.config.null_expert:
+        return moe.config.num_experts
     by_capability = {cap: name for name, cap in moe.config.capabilities.items()}
+    name = by_capability.get(capability, capability if capability in moe.experts else None)
+    if name is None:
+        raise ConfigError(f"examples for capability '{capability}' but no expert serves it; experts: "
+                          f"{moe.config.capabilities}")
+    return moe.experts.index(name)
+
+
+def _split(moe: MoEModel, tokenizer: Any, examples: Mapping[str, list[Example]], config: FitConfig,
+           rng: random.Random, logged: bool = False) -> tuple[list[_Encoded], list[_Encoded]]:
+    """Each capability's examples encoded and split into (train, held-out) by ``heldout_fraction``.
+    ``logged``: keep-base examples (the null expert a target too), encoded whole (their decision prompts
+    are what they teach, and a cut prompt has none) and kept only where they have a decision prompt."""
     train: list[_Encoded] = []
     heldout: list[_Encoded] = []
     # Encoded at the probe's length; the SGD phase and the held-out measure use the tails.
     length = max(config.max_length, config.probe_max_length if config.probe_steps else 0)
     for capability, items in sorted(examples.items()):
-        name = by_capability.get(capability, capability if capability in moe.experts else None)
-        if name is None:
-            raise ConfigError(f"examples for capability '{capability}' but no expert serves it; experts: "
-                              f"{moe.config.capabilities}")
-        expert = moe.experts.index(name)
-        encoded = [_encode(tokenizer, ex, expert, length, f"{capability}[{i}]")
+        expert = _expert_index(moe, capability, null=logged)
+        encoded = [_encode(tokenizer, ex, expert, _WHOLE if logged else length, f"{capability}[{i}]")
                    for i, ex in enumerate(items)]
-        encoded = [e for e in encoded if len(e.input_ids) > 1]
+        encoded = [e for e in encoded if (e.decision_ends if logged else len(e.input_ids) > 1)]
         if len(encoded) < 2:
+            if logged:  # too few to fit and measure: the verdict reports the count
+                continue
             raise InputError("needs at least 2 non-empty examples (one to fit, one to hold out)",
                              record=capability)
         rng.shuffle(encoded)
@@ -216,6 +246,9 @@ def _split(moe: MoEModel, tokenizer: Any, examples: dict[str, list[Example]], co
         heldout.extend(encoded[:n_held])
         train.extend(encoded[n_held:])
     return train, heldout
+
+
+_WHOLE = 1 << 30  # an encoding length no prompt reaches: the whole conversation
 
 
 def _route_loss(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -315,21 +348,28 @@ StepCallback = Callable[[str, int, int, dict[str, float]], None]
 
 def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, list[Example]],
                config: FitConfig, on_step: StepCallback | None = None,
-               probe_store: ProbeStore | None = None) -> FitResult:
+               probe_store: ProbeStore | None = None,
+               logged: Mapping[str, list[Example]] | None = None) -> FitResult:
     """Train only the routers of ``moe`` on capability-labelled examples (texts or chat conversations).
 
     Every parameter of the wrapped model other than the routers is frozen for the duration and its
     ``requires_grad`` restored afterwards. Returns loss curves and held-out routing accuracy; ``on_step``
     hears of each fitted probe and each optimizer step as it finishes (progress, streamed metrics).
     ``probe_store`` keeps the base-routing probe samples of each capability across fits
-    (``traceops.moe.probe_cache``).
+    (``traceops.moe.probe_cache``). ``logged``: keep-base examples by target (a capability, or
+    ``NULL_EXPERT`` for the base), kept only when the held-out ones route right (module docstring); needs
+    a probe phase and a null expert.
     """
+    if logged is not None and not (config.probe_steps and moe.config.null_expert):
+        raise ConfigError("keep-base examples need a probe phase (probe_steps > 0) and a null expert "
+                          "(route.null_expert true)")
     started = time.perf_counter()
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
     device = moe.device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     full_train, full_heldout = _split(moe, tokenizer, examples_by_capability, config, rng)
+    logged_train, logged_held = _split(moe, tokenizer, logged or {}, config, rng, logged=True)
     train = [_tail(item, config.max_length) for item in full_train]
     heldout = [_tail(item, config.max_length) for item in full_heldout]
     held_batches = [_batch(heldout[i:i + config.batch_size], pad_id, device)
@@ -350,8 +390,24 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
         init_tok, init_seq, _ = routing_accuracy(moe, held_batches)
         held_decisions = _decision_samples(moe, full_heldout, pad_id, config, probe_store)
         init_decision = decision_accuracy(moe, held_decisions) if held_decisions else None
+        verdict = None
         if config.probe_steps:
-            probe = _probe_phase(moe, full_train, pad_id, config, on_step, probe_store)
+            tick = time.perf_counter()
+            samples = _collect(moe, full_train, pad_id, config, config.probe_tokens, config.probe_routings,
+                               probe_store)
+            extra = _decision_samples(moe, logged_train, pad_id, config, probe_store)
+            initial = {path: {k: v.clone() for k, v in router.state_dict().items()}
+                       for path, router in moe.routers.items()}
+            probe = _probe_phase(moe, samples, config, on_step, extra)
+            if logged is not None:
+                verdict = _keep_base_verdict(moe, _decision_samples(moe, logged_held, pad_id, config,
+                                                                    probe_store),
+                                             held_decisions, extra, config)
+                if not verdict["kept"] and extra is not None:  # fit again from the same start, without
+                    for path, router in moe.routers.items():
+                        router.load_state_dict(initial[path])
+                    probe = _probe_phase(moe, samples, config, on_step, None)
+            probe["seconds"] = time.perf_counter() - tick
             probe["tok"], probe["seq"], probe["per"] = routing_accuracy(moe, held_batches)
             probe["decision"] = decision_accuracy(moe, held_decisions) if held_decisions else None
         decisions: DecisionSamples | None = probe.get("decisions")
@@ -421,23 +477,55 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
         initial_decision_accuracy=init_decision,
         probe_decision_accuracy=probe.get("decision"),
         decision_prompts=held_decisions.count if held_decisions else 0,
+        keep_base=verdict,
     )
 
 
-def _probe_phase(moe: MoEModel, train: list[_Encoded], pad_id: int, config: FitConfig,
-                 on_step: StepCallback | None = None, store: ProbeStore | None = None) -> dict[str, Any]:
-    """Fit every router as a probe on teacher-forced block inputs of the whole training examples."""
-    tick = time.perf_counter()
-    samples = _collect(moe, train, pad_id, config, config.probe_tokens, config.probe_routings, store)
+def _probe_phase(moe: MoEModel, samples: ProbeSamples, config: FitConfig,
+                 on_step: StepCallback | None = None, extra: DecisionSamples | None = None) -> dict[str, Any]:
+    """Fit every router as a probe on the teacher-forced block inputs of the whole training examples
+    (``samples``), with ``extra`` decision prompts (keep-base examples) beside the demonstrations'."""
+    if extra is not None:
+        parts = [d for d in (samples.decisions, extra) if d is not None]
+        samples = replace(samples, decisions=merge_samples(parts))
 
     def on_router(done: int, total: int, loss: float) -> None:
         if on_step is not None:
             on_step("probe", done, total, {"probe": loss})
 
     accuracy = fit_probes(moe, samples, config.probe_steps, config.probe_learning_rate, config.z_weight,
-                          config.decision_weight, on_router=on_router)
+                          config.decision_weight, on_router=on_router, null_from_decisions=extra is not None)
     return {"train": sum(accuracy.values()) / len(accuracy), "samples": samples.count,
-            "seconds": time.perf_counter() - tick, "decisions": samples.decisions}
+            "decisions": samples.decisions}
+
+
+def _keep_base_verdict(moe: MoEModel, logged_held: DecisionSamples | None, demos_held: DecisionSamples | None,
+                       logged_train: DecisionSamples | None, config: FitConfig) -> dict[str, Any]:
+    """Whether the probes fitted with keep-base examples route well enough to keep them: every logged
+    target's held-out prompts (the base's successes among them) and the demonstrations' held-out decision
+    prompts at least ``keep_base_min_recall`` right. Returns the verdict (``kept``, ``reason``) with the
+    recall and the prompt counts by target name."""
+    names = moe.config.expert_names
+    minimum = config.keep_base_min_recall
+    recall = target_recall(moe, logged_held) if logged_held is not None else {}
+    demos = decision_accuracy(moe, demos_held) if demos_held is not None else None
+    problems = []
+    if moe.config.num_experts not in recall:
+        problems.append("no held-out logged request the base answered right")
+    for target, (hits, total) in sorted(recall.items()):
+        if hits < minimum * total:
+            problems.append(f"{hits}/{total} held-out logged prompts of '{names[target]}' routed to it")
+    if demos is not None and demos < minimum:
+        problems.append(f"demonstrations' held-out decision accuracy {demos:.2f}")
+    trained = logged_train.targets.tolist() if logged_train is not None else []
+    return {
+        "kept": not problems, "min_recall": minimum,
+        "reason": "; ".join(problems) + f" (below {minimum:.2f})" if problems else None,
+        "recall": {names[t]: hits / total for t, (hits, total) in sorted(recall.items())},
+        "heldout_prompts": {names[t]: total for t, (_hits, total) in sorted(recall.items())},
+        "train_prompts": {names[t]: trained.count(t) for t in sorted(set(trained))},
+        "demonstration_decision_accuracy": demos,
+    }
 
 
 def _by_expert(items: list[_Encoded]) -> dict[int, list[_Encoded]]:

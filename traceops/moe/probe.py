@@ -199,14 +199,19 @@ def merge_probe_samples(parts: Sequence[ProbeSamples]) -> ProbeSamples:
 
 def fit_probes(moe: MoEModel, samples: ProbeSamples, steps: int, learning_rate: float,
                z_weight: float = 1e-3, decision_weight: float = 0.0,
-               on_router: Callable[[int, int, float], None] | None = None) -> dict[int, float]:
+               on_router: Callable[[int, int, float], None] | None = None,
+               null_from_decisions: bool = False) -> dict[int, float]:
     """Fit each block's router to ``samples`` by full-batch Adam on cross-entropy (+ ``z_weight`` x router
     z-loss, which keeps the logits small, + ``decision_weight`` x cross-entropy of its pooled logits on the
     decision prompts, when ``samples`` has them); returns each layer's training accuracy on the token
     samples (top-1 == target).
 
-    Only the router projections change; the null expert is never a target, so its logit learns to stay low
-    where a real expert fits. ``on_router(i, n, loss)`` is told when the i-th of n routers is fitted.
+    Only the router projections change; the null expert is never a token target, so its logit learns to
+    stay low where a real expert fits. With ``null_from_decisions`` (keep-base examples among the decision
+    prompts, some of them the null expert's) the token samples are scored among the experts alone and the
+    null logit is fitted on the decision prompts only: a prompt's pooled logits are the mean of its
+    tokens' logits, so tokens that all favour an expert over the null would outvote any prompt that
+    should go to the base. ``on_router(i, n, loss)`` is told when the i-th of n routers is fitted.
     """
     if steps < 1 or samples.count == 0:
         raise ConfigError("probe fitting needs at least one step and one sample")
@@ -221,9 +226,10 @@ def fit_probes(moe: MoEModel, samples: ProbeSamples, steps: int, learning_rate: 
         if decisions is not None:
             xd, yd = decisions.features[layer].to(x.device), decisions.targets.to(x.device)
         optimizer = torch.optim.Adam(router.parameters(), lr=learning_rate)
+        experts = router.num_experts if null_from_decisions and router.null_expert else router.num_choices
         for _ in range(steps):
             logits = router.proj(x)
-            loss = F.cross_entropy(logits, y) + z_weight * router_z_loss(logits, None)
+            loss = F.cross_entropy(logits[:, :experts], y) + z_weight * router_z_loss(logits, None)
             if decisions is not None:
                 # Prompt means are normalized already: the projection alone gives the pooled logits.
                 loss = loss + decision_weight * F.cross_entropy(router.proj(xd), yd)
@@ -231,7 +237,7 @@ def fit_probes(moe: MoEModel, samples: ProbeSamples, steps: int, learning_rate: 
             loss.backward()
             optimizer.step()
         with torch.no_grad():
-            accuracy[layer] = float((router.proj(x).argmax(-1) == y).float().mean())
+            accuracy[layer] = float((router.proj(x)[:, :experts].argmax(-1) == y).float().mean())
         if on_router is not None:
             on_router(done, len(moe.routers), float(loss.detach()))
     return accuracy

@@ -33,7 +33,7 @@ _FIT_FIELDS = tuple(spec.name for spec in fields(FitConfig) if spec.default is M
 class RouteConfig:
     """Settings of the route stage: the composite's routing, the router fit and the demonstrations.
 
-    Each field's ``metadata["help"]`` says what it does; ``ge``/``gt``/``lt`` and ``choices`` in the
+    Each field's ``metadata["help"]`` says what it does; ``ge``/``gt``/``le``/``lt`` and ``choices`` in the
     metadata are the bounds ``__post_init__`` enforces.
     """
 
@@ -95,7 +95,26 @@ class RouteConfig:
         "help": "Demonstrations per capability from the val split for the routing trace (0: no trace).",
         "ge": 0})
 
+    keep_base: bool = field(default=False, metadata={
+        "help": "Teach the routers when the base should answer: the base model's own logged requests on "
+                "the train side of the held-out split, its successes targeting the null expert and its "
+                "failures the expert of the capability the diagnosis blamed. Kept only when held-out ones "
+                "route right (keep_base_min_recall); a one-capability composite then gets a router too. "
+                "Only runs logged by the base model count (agent = its id): another agent's successes "
+                "say nothing of what the base does."})
+    keep_base_examples: int = field(default=64, metadata={
+        "help": "Logged requests per target (the null expert, each capability) drawn for keep-base "
+                "routing, a seeded sample; heldout_fraction of them measure it.",
+        "ge": 2})
+    keep_base_min_recall: float = field(default=0.8, metadata={
+        "help": "Keep-base routing is kept only when at least this share of the held-out logged prompts "
+                "of every target, and of the demonstrations' held-out decision prompts, route right.",
+        "ge": 0, "le": 1})
+
     def __post_init__(self) -> None:
+        if self.keep_base and not (self.null_expert and self.probe_steps):
+            raise ConfigError("route.keep_base needs route.null_expert true and route.probe_steps above 0 "
+                              "(the keep-base decision is fitted and checked in the probe phase)")
         for spec in fields(self):
             problem = _problem(spec, getattr(self, spec.name))
             if problem:
@@ -160,6 +179,8 @@ def _problem(spec: Field[Any], value: Any) -> str | None:
         return f"must be at least {meta['ge']}, got {value}; send e.g. {example}"
     if "gt" in meta and value <= meta["gt"]:
         return f"must be above {meta['gt']}, got {value}; send e.g. {example}"
+    if "le" in meta and value > meta["le"]:
+        return f"must be at most {meta['le']}, got {value}; send e.g. {example}"
     if "lt" in meta and value >= meta["lt"]:
         return f"must be below {meta['lt']}, got {value}; send e.g. {example}"
     return None

@@ -114,14 +114,15 @@ def rehearsal_count(share: float, env_rows: int, available: int) -> int:
 
 
 def eligible_trajectories(trajectories: Iterable[Trajectory], seed: int, fraction: float,
-                          domains: Iterable[str] | None = None) -> list[Trajectory]:
-    """The runs rehearsal may draw from: train side of the held-out split, succeeded, of ``domains``
-    (None: any), with a user turn before the first assistant turn; one per task (lowest id), ordered by
-    task id."""
+                          domains: Iterable[str] | None = None, succeeded: bool = True) -> list[Trajectory]:
+    """The runs rehearsal may draw from: train side of the held-out split, succeeded (``succeeded``
+    False: failed ones too), of ``domains`` (None: any), with a user turn before the first assistant
+    turn; one per task (lowest id), ordered by task id."""
     wanted = None if domains is None else set(domains)
     by_task: dict[str, Trajectory] = {}
     for trajectory in train_trajectories(trajectories, seed, fraction):
-        if not trajectory.outcome.succeeded or (wanted is not None and trajectory.domain not in wanted):
+        if (succeeded and not trajectory.outcome.succeeded) or (wanted is not None
+                                                                and trajectory.domain not in wanted):
             continue
         at = request_step(trajectory)
         if at >= len(trajectory.messages) or not any(m.role == "user" for m in trajectory.messages[:at]):
@@ -143,18 +144,24 @@ def _tokens(tokenizer: Any, messages: list[dict[str, str]], tools: list[dict[str
     return len(out["input_ids"])
 
 
-def rehearsal_row(trajectory: Trajectory, tokenizer: Any,
-                  max_length: int) -> tuple[dict[str, str | list[dict[str, str]]], int]:
-    """One run as an SFT row cut to whole assistant turns (see the module docstring), with its tokens."""
+def served_conversation(trajectory: Trajectory) -> tuple[list[dict[str, str]], list[dict[str, Any]], int]:
+    """A run as the serving path renders it: its conversation (``model.adapted.training_conversation``),
+    its tools in OpenAI form and the length of the conversation's prefix that ends with the request turn's
+    reply (``heldout.request_step``)."""
     from traceops.model.adapted import training_conversation
     from traceops.model.toolcalls import tools_to_openai
 
-    tools = tools_to_openai(trajectory.tools)
     conversation = training_conversation(trajectory.messages)
     # training_conversation adds a system message when the log has none: positions shift by one then.
     shift = len(conversation) - len(trajectory.messages)
+    return conversation, tools_to_openai(trajectory.tools), request_step(trajectory) + shift + 1
+
+
+def rehearsal_row(trajectory: Trajectory, tokenizer: Any,
+                  max_length: int) -> tuple[dict[str, str | list[dict[str, str]]], int]:
+    """One run as an SFT row cut to whole assistant turns (see the module docstring), with its tokens."""
+    conversation, tools, first = served_conversation(trajectory)
     ends = [i + 1 for i, m in enumerate(conversation) if m["role"] == "assistant"]
-    first = request_step(trajectory) + shift + 1
     ends = [end for end in ends if end >= first] or [first]
     chosen, tokens = ends[0], _tokens(tokenizer, conversation[:ends[0]], tools)
     for end in reversed(ends[1:]):  # the longest whole-turn prefix within max_length
