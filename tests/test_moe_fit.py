@@ -296,14 +296,14 @@ def test_keep_base_examples_route_the_bases_successes_to_the_null_expert_when_he
     examples = {"lookup": shared_prefix_chats(WORDS_A, 12, 0), "refusal": shared_prefix_chats(WORDS_B, 12, 1)}
     # The base's successes: requests in words of their own (separable), or drawn like the failures.
     successes = WORDS_A[20:] if separable else WORDS_A[:20]
-    logged = {"null": logged_chats(successes, 30, 2), "lookup": logged_chats(WORDS_A[:20], 30, 3)}
+    logged = {"null": logged_chats(successes, 40, 2), "lookup": logged_chats(WORDS_A[:20], 40, 3)}
     moe = build_moe(copy.deepcopy(base), dirs, top_k=1, mode="request", null_expert=True)
     config = RouteConfig(probe_steps=150, probe_tokens=8, seed=0, keep_base=True).fit_config()
     result = fit_router(moe, tokenizer, examples, config, logged=logged)
     verdict = result.keep_base
     assert verdict is not None
-    assert verdict["heldout_prompts"] == {"lookup": 6, "null": 6}
-    assert verdict["train_prompts"] == {"lookup": 24, "null": 24}
+    assert verdict["heldout_prompts"] == {"lookup": 8, "null": 8}
+    assert verdict["train_prompts"] == {"lookup": 32, "null": 32}
     assert verdict["kept"] is separable, verdict
     null = moe.config.num_experts
     prompt = logged["null"][0][:2]

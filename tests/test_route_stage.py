@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -239,3 +240,83 @@ def test_a_single_capability_composite_is_its_adapter_with_no_router_fitted(home
                                         str(folder)).eval()
     ids = torch.randint(3, 500, (2, 12), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(logits(composite, ids), logits(adapter, ids), rtol=1e-4, atol=1e-4)
+
+
+def logged_run(index: int, success: bool, agent: str) -> Any:
+    """A single-turn logged request of the base: a weather question it declined right (success), or an
+    order look-up it got wrong (failure)."""
+    from traceops.schema import Message, Outcome, Source, ToolCall, ToolSpec, Trajectory
+
+    tools = [ToolSpec(name="get_order_details", description="Read an order",
+                      parameters={"type": "object", "properties": {"order_id": {"type": "string"}},
+                                  "required": ["order_id"]})]
+    if success:
+        messages = [Message(role="user", content=f"What's the weather like in Nairobi on day {index}?"),
+                    Message(role="assistant", content="Sorry, I can only help with orders.")]
+    else:
+        messages = [Message(role="user", content=f"Where is my order #W{2000000 + index:07d}?"),
+                    Message(role="assistant", tool_calls=[ToolCall(id="c", name="get_order",
+                                                                   arguments={"id": "order"})])]
+    return Trajectory(task_id=f"t{index}", domain="shop", agent=agent, tools=tools, messages=messages,
+                      outcome=Outcome(success=success),
+                      source=Source(format="openai", file="logs.jsonl", record=index))
+
+
+@pytest.mark.slow
+def test_keep_base_gives_a_single_capability_composite_a_router_that_sends_the_bases_successes_to_it(
+        home: Path, tiny_model_dir: Path) -> None:
+    """route.keep_base on a one-capability night: the base model's logged successes (train side) teach
+    the request decision to leave them to the base; the draw is part of the cache key."""
+    import mlflow
+    import pandas as pd
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from traceops.envs.synthesize import synthesize
+    from traceops.flows.route import route_flow
+    from traceops.flows.runtime import prepare
+    from traceops.heldout import is_heldout
+    from traceops.keep_base import decision_row
+    from traceops.moe import load_moe, read_config
+    from traceops.store import append_trajectories
+
+    route = {**ROUTE, "mode": "request", "top_k": 1, "steps": 0, "keep_base": True}
+    (home / "params.yaml").write_text(yaml.safe_dump({"route": route}))
+    paths = prepare(home).paths
+    cap = CAPS[0]
+    assert synthesize([cap], [], paths.environments, {"train_size": 5, "val_size": 2, "test_size": 2}).passed
+    folder = random_adapter(tiny_model_dir, home / "trained" / cap, seed=3)
+    with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "train")):
+        register_adapter(folder, cap, current_lineage(paths, str(tiny_model_dir), diagnosis_run=""),
+                         base_model=str(tiny_model_dir))
+    runs = [logged_run(i, success=i % 2 == 0, agent=tiny_model_dir.name) for i in range(160)]
+    append_trajectories(paths, runs)
+    paths.diagnosis.mkdir(parents=True, exist_ok=True)
+    blamed = [{"trajectory_id": t.id, "task_id": t.task_id, "capability": cap}
+              for t in runs if not t.outcome.succeeded]
+    pd.DataFrame(blamed).to_parquet(paths.diagnosis / "attributions.parquet")
+
+    result = route_flow(home=str(home), base_model=str(tiny_model_dir))
+    composite_dir = Path(result.composite_path)
+    saved = read_config(composite_dir)
+    assert (list(saved.experts), saved.top_k, saved.null_expert) == ([cap], 1, True)
+    verdict = json.loads((composite_dir / "composite.json").read_text())["keep_base"]
+    assert verdict["kept"] is True, verdict
+    train_side = [t for t in runs if not is_heldout(t.task_id, 0, 0.2)]
+    for target, won in ((cap, False), ("null", True)):  # every train-side run drawn (256 per target at most)
+        count = sum(t.outcome.succeeded is won for t in train_side)
+        assert verdict["train_prompts"][target] + verdict["heldout_prompts"][target] == count
+    # A held-out success (never drawn) is left to the base; a held-out failure goes to the adapter.
+    tokenizer = AutoTokenizer.from_pretrained(str(composite_dir))
+    composite = load_moe(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval(), composite_dir)
+    held = [t for t in runs if is_heldout(t.task_id, 0, 0.2)]
+    for trajectory in held[:6]:
+        row = decision_row(trajectory)
+        ids = tokenizer.apply_chat_template(row["messages"][:-1], tools=json.loads(row["tools"]),
+                                            tokenize=True, add_generation_prompt=True, return_dict=True)
+        chosen = int(composite.request_gates(torch.tensor([ids["input_ids"]]))[0].argmax())
+        assert (chosen == 1) is trajectory.outcome.succeeded, trajectory.task_id  # 1: the null expert
+    # A new train-side logged success is a new draw: the composite is fitted again.
+    index = next(i for i in range(1000, 1100, 2) if not is_heldout(f"t{i}", 0, 0.2))
+    append_trajectories(paths, [logged_run(index, success=True, agent=tiny_model_dir.name)])
+    again = route_flow(home=str(home), base_model=str(tiny_model_dir))
+    assert again.key != result.key and again.composite.version == "2"

@@ -15,8 +15,9 @@ Keep-base examples (``logged``): the agent's own logged requests, each with the 
 decide it, or the null expert for a request the base model answered right. Only their decision prompts
 supervise the fit (the request-mode choice), never their tokens. A share of them is held out; when the
 fitted probes route fewer than ``keep_base_min_recall`` of the held-out prompts of any logged target, or
-of the demonstrations' held-out decision prompts, to the right choice, the probes are fitted again
-without them (the base's successes and the failures may not be separable from the prompt alone: then a
+of the demonstrations' held-out decision prompts, to the right choice (or a target has too few held-out
+prompts to tell), the probes are fitted again without them; when they pass, again with the held-out ones
+too. Without them (the base's successes and the failures may not be separable from the prompt alone: then a
 composite that sends a failure to the base would lose what the adapter learned).
 """
 
@@ -248,6 +249,8 @@ def _split(moe: MoEModel, tokenizer: Any, examples: Mapping[str, list[Example]],
     return train, heldout
 
 
+# Held-out logged prompts a target needs for its recall to count: 4 of 4 would pass a 0.8 bar by luck.
+KEEP_BASE_MIN_HELDOUT = 8
 _WHOLE = 1 << 30  # an encoding length no prompt reaches: the whole conversation
 
 
@@ -400,13 +403,15 @@ def fit_router(moe: MoEModel, tokenizer: Any, examples_by_capability: dict[str, 
                        for path, router in moe.routers.items()}
             probe = _probe_phase(moe, samples, config, on_step, extra)
             if logged is not None:
-                verdict = _keep_base_verdict(moe, _decision_samples(moe, logged_held, pad_id, config,
-                                                                    probe_store),
-                                             held_decisions, extra, config)
-                if not verdict["kept"] and extra is not None:  # fit again from the same start, without
+                held_extra = _decision_samples(moe, logged_held, pad_id, config, probe_store)
+                verdict = _keep_base_verdict(moe, held_extra, held_decisions, extra, config)
+                if extra is not None:
+                    # Fit again from the same start: without them (rejected), or with the held-out ones
+                    # too (kept: measured, they may as well teach).
                     for path, router in moe.routers.items():
                         router.load_state_dict(initial[path])
-                    probe = _probe_phase(moe, samples, config, on_step, None)
+                    both = merge_samples([extra, held_extra]) if held_extra is not None else extra
+                    probe = _probe_phase(moe, samples, config, on_step, both if verdict["kept"] else None)
             probe["seconds"] = time.perf_counter() - tick
             probe["tok"], probe["seq"], probe["per"] = routing_accuracy(moe, held_batches)
             probe["decision"] = decision_accuracy(moe, held_decisions) if held_decisions else None
@@ -513,7 +518,10 @@ def _keep_base_verdict(moe: MoEModel, logged_held: DecisionSamples | None, demos
     if moe.config.num_experts not in recall:
         problems.append("no held-out logged request the base answered right")
     for target, (hits, total) in sorted(recall.items()):
-        if hits < minimum * total:
+        if total < KEEP_BASE_MIN_HELDOUT:
+            problems.append(f"only {total} held-out logged prompts of '{names[target]}' (fewer than "
+                            f"{KEEP_BASE_MIN_HELDOUT}: too few to tell)")
+        elif hits < minimum * total:
             problems.append(f"{hits}/{total} held-out logged prompts of '{names[target]}' routed to it")
     if demos is not None and demos < minimum:
         problems.append(f"demonstrations' held-out decision accuracy {demos:.2f}")
