@@ -62,7 +62,8 @@ def route_flow(home: str | None = None, adapters: list[AdapterResult] | None = N
     paths = settings.paths
     registry.configure(paths)
     rows = _adapter_rows(adapters) if adapters else latest_adapters(paths)
-    params = RouteConfig.from_params(settings.stage("route"), overrides, top_k=top_k, mode=mode).to_dict()
+    route_config = RouteConfig.from_params(settings.stage("route"), overrides, top_k=top_k, mode=mode)
+    params = route_config.to_dict()
     _folder, base_ref = resolve_base_model(base_model)
     # The routers are fitted on the environments' demonstrations: a changed environment refits them.
     missing = [r["capability"] for r in rows if not (paths.environments / r["capability"]).is_dir()]
@@ -70,8 +71,8 @@ def route_flow(home: str | None = None, adapters: list[AdapterResult] | None = N
         raise StageError(f"route: no environments for {', '.join(missing)} under {paths.environments}; the "
                          "routers are fitted on their demonstrations: run `traceops synthesize` first")
     envs = {row["capability"]: folder_hash(paths.environments / row["capability"]) for row in rows}
-    draw = (keep_base_draw(settings, [r["capability"] for r in rows], base_ref).to_dict()
-            if params["keep_base"] else None)
+    draw = (keep_base_draw(settings, [r["capability"] for r in rows], base_ref, route_config).to_dict()
+            if route_config.keeps_base else None)
     key = stage_key("route", [(r["capability"], r["model_name"], r["model_version"]) for r in rows], params,
                     base_ref, envs, *([draw["ids"]] if draw else []))
     return run_cached(route_task, composite_exists, key=key, adapters=rows, home=home, params=params,

@@ -61,17 +61,18 @@ def _adapter_folder(paths: config.Paths, adapter: dict[str, Any]) -> Path:
     return folder
 
 
-def keep_base_draw(settings: config.Settings, capabilities: list[str], base_ref: str) -> KeepBaseDraw:
+def keep_base_draw(settings: config.Settings, capabilities: list[str], base_ref: str,
+                   route_config: RouteConfig) -> KeepBaseDraw:
     """The base model's logged runs that teach keep-base routing (``traceops.keep_base``): the curated
     trajectories whose agent is the base model (``base_ref``'s id), on the train side of
-    ``evaluate.requests``' held-out split, failures by the capability the diagnosis blamed."""
+    ``evaluate.requests``' held-out split, failures by the capability the diagnosis blamed; as many per
+    target as ``route_config`` says."""
     import pyarrow.parquet as pq
 
     from traceops.evaluation.replay import ATTRIBUTIONS
     from traceops.heldout import RequestParams
     from traceops.store import load_trajectories
 
-    route_config = RouteConfig.from_params(settings.stage("route"))
     held = RequestParams.from_params(settings.stage("evaluate").get("requests"))
     blamed: dict[str, str | None] = {}
     attributions = settings.paths.diagnosis / ATTRIBUTIONS

@@ -326,8 +326,9 @@ def test_keep_base_examples_route_the_bases_successes_to_the_null_expert_when_he
 
 def test_keep_base_needs_a_null_expert_and_a_probe_phase(setup):
     tokenizer, base, dirs, examples = setup
-    with pytest.raises(ConfigError, match="null_expert"):
-        RouteConfig(keep_base=True, null_expert=False)
+    assert not RouteConfig(null_expert=False).keeps_base
+    assert not RouteConfig(probe_steps=0, steps=1).keeps_base
+    assert RouteConfig().keeps_base and not RouteConfig(keep_base=False).keeps_base
     moe = build_moe(copy.deepcopy(base), dirs, top_k=1, null_expert=False)
     with pytest.raises(ConfigError, match="null expert"):
         fit_router(moe, tokenizer, examples, RouteConfig(probe_steps=10).fit_config(), logged={})

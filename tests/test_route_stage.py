@@ -262,21 +262,14 @@ def logged_run(index: int, success: bool, agent: str) -> Any:
                       source=Source(format="openai", file="logs.jsonl", record=index))
 
 
-@pytest.mark.slow
-def test_keep_base_gives_a_single_capability_composite_a_router_that_sends_the_bases_successes_to_it(
-        home: Path, tiny_model_dir: Path) -> None:
-    """route.keep_base on a one-capability night: the base model's logged successes (train side) teach
-    the request decision to leave them to the base; the draw is part of the cache key."""
+def keep_base_home(home: Path, tiny_model_dir: Path, runs: list[Any]) -> Any:
+    """A one-capability home asking for keep-base routing, with a registered adapter, the logged ``runs``
+    curated and their failures blamed on the capability; returns its paths."""
     import mlflow
     import pandas as pd
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from traceops.envs.synthesize import synthesize
-    from traceops.flows.route import route_flow
     from traceops.flows.runtime import prepare
-    from traceops.heldout import is_heldout
-    from traceops.keep_base import decision_row
-    from traceops.moe import load_moe, read_config
     from traceops.store import append_trajectories
 
     route = {**ROUTE, "mode": "request", "top_k": 1, "steps": 0, "keep_base": True}
@@ -288,12 +281,30 @@ def test_keep_base_gives_a_single_capability_composite_a_router_that_sends_the_b
     with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "train")):
         register_adapter(folder, cap, current_lineage(paths, str(tiny_model_dir), diagnosis_run=""),
                          base_model=str(tiny_model_dir))
-    runs = [logged_run(i, success=i % 2 == 0, agent=tiny_model_dir.name) for i in range(160)]
     append_trajectories(paths, runs)
     paths.diagnosis.mkdir(parents=True, exist_ok=True)
     blamed = [{"trajectory_id": t.id, "task_id": t.task_id, "capability": cap}
               for t in runs if not t.outcome.succeeded]
     pd.DataFrame(blamed).to_parquet(paths.diagnosis / "attributions.parquet")
+    return paths
+
+
+@pytest.mark.slow
+def test_keep_base_gives_a_single_capability_composite_a_router_that_sends_the_bases_successes_to_it(
+        home: Path, tiny_model_dir: Path) -> None:
+    """route.keep_base on a one-capability night: the base model's logged successes (train side) teach
+    the request decision to leave them to the base; the draw is part of the cache key."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from traceops.flows.route import route_flow
+    from traceops.heldout import is_heldout
+    from traceops.keep_base import decision_row
+    from traceops.moe import load_moe, read_config
+    from traceops.store import append_trajectories
+
+    cap = CAPS[0]
+    runs = [logged_run(i, success=i % 2 == 0, agent=tiny_model_dir.name) for i in range(160)]
+    paths = keep_base_home(home, tiny_model_dir, runs)
 
     result = route_flow(home=str(home), base_model=str(tiny_model_dir))
     composite_dir = Path(result.composite_path)
@@ -320,3 +331,22 @@ def test_keep_base_gives_a_single_capability_composite_a_router_that_sends_the_b
     append_trajectories(paths, [logged_run(index, success=True, agent=tiny_model_dir.name)])
     again = route_flow(home=str(home), base_model=str(tiny_model_dir))
     assert again.key != result.key and again.composite.version == "2"
+
+
+@pytest.mark.slow
+def test_keep_base_with_too_few_logged_successes_of_the_base_fits_nothing(home: Path,
+                                                                          tiny_model_dir: Path) -> None:
+    """The base logged 4 successes (as on the retail sample) and another agent many: too few to fit and
+    check, said before any forward pass; the one-capability composite stays its adapter alone."""
+    from traceops.flows.route import route_flow
+    from traceops.moe import read_config
+
+    runs = [logged_run(i, success=i < 8, agent=tiny_model_dir.name) for i in range(60)]
+    runs += [logged_run(100 + i, success=True, agent="traceops/planted-gap-agent") for i in range(60)]
+    keep_base_home(home, tiny_model_dir, runs)
+    result = route_flow(home=str(home), base_model=str(tiny_model_dir))
+    composite_dir = Path(result.composite_path)
+    assert (read_config(composite_dir).null_expert, result.routing) == (False, {"experts": 1.0, "val": {}})
+    info = json.loads((composite_dir / "composite.json").read_text())
+    assert info["fit"] is None and info["keep_base"]["kept"] is False
+    assert "keep-base routing needs 38" in info["keep_base"]["reason"], info["keep_base"]

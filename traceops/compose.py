@@ -22,7 +22,7 @@ from traceops.atomic import atomic_folder
 from traceops.model.chat_template import trained_tokenizer
 from traceops.moe.build import build_moe
 from traceops.moe.config import NULL_EXPERT
-from traceops.moe.fit import FitResult, StepCallback, evaluate_routing, fit_router
+from traceops.moe.fit import FitResult, StepCallback, evaluate_routing, fit_router, keep_base_minimum
 from traceops.moe.io import CONFIG_NAME, WEIGHTS_NAME, save_moe
 from traceops.moe.probe_cache import ProbeStore
 from traceops.moe.route_config import RouteConfig
@@ -66,8 +66,13 @@ def compose(folders: Mapping[str, Path], base_dir: Path, environments: Path, con
     torch.manual_seed(config.seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).eval()
     verdict = None
-    if logged is not None and not _fits_keep_base(logged):
-        verdict = {"kept": False, "reason": "fewer than 2 logged requests the base answered right"}
+    needed = keep_base_minimum(config.heldout_fraction)
+    if logged is not None and len(logged.get(NULL_EXPERT, [])) < max(needed, 2):
+        # Too few to fit and check: said before any forward pass (on the retail sample the base logged
+        # 4 successes, and each of its failures' prompts would cost ~2 s to read).
+        verdict = {"kept": False, "reason": f"{len(logged.get(NULL_EXPERT, []))} logged requests the base "
+                   f"answered right; keep-base routing needs {max(needed, 2)} (heldout_fraction "
+                   f"{config.heldout_fraction})"}
         logged = None
     fit: FitResult | None = None
     if len(capabilities) > 1 or logged is not None:
@@ -110,12 +115,6 @@ def compose(folders: Mapping[str, Path], base_dir: Path, environments: Path, con
         tokenizer.save_pretrained(str(tmp))
         (tmp / COMPOSITE_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return Composed(fit=fit, routing=routing, trace_seconds=trace_seconds, keep_base=verdict)
-
-
-def _fits_keep_base(logged: Mapping[str, list[dict[str, Any]]]) -> bool:
-    """Whether keep-base examples are enough to fit and check: at least 2 base successes (one to fit,
-    one to hold out)."""
-    return len(logged.get(NULL_EXPERT, [])) >= 2
 
 
 def composite_fitted(folder: Path, key: str) -> bool:

@@ -251,7 +251,18 @@ def _split(moe: MoEModel, tokenizer: Any, examples: Mapping[str, list[Example]],
 
 # Held-out logged prompts a target needs for its recall to count: 4 of 4 would pass a 0.8 bar by luck.
 KEEP_BASE_MIN_HELDOUT = 8
-_WHOLE = 1 << 30  # an encoding length no prompt reaches: the whole conversation
+_WHOLE = 1 << 30
+
+
+def keep_base_minimum(heldout_fraction: float) -> int:
+    """The fewest logged examples of a target whose held-out share (``_split``'s) reaches
+    ``KEEP_BASE_MIN_HELDOUT``; 0 when no count does (a zero fraction holds nothing out but one)."""
+    if heldout_fraction <= 0:
+        return 0
+    n = KEEP_BASE_MIN_HELDOUT
+    while min(n - 1, max(1, round(n * heldout_fraction))) < KEEP_BASE_MIN_HELDOUT:
+        n += 1
+    return n  # an encoding length no prompt reaches: the whole conversation
 
 
 def _route_loss(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

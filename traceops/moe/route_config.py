@@ -95,13 +95,16 @@ class RouteConfig:
         "help": "Demonstrations per capability from the val split for the routing trace (0: no trace).",
         "ge": 0})
 
-    keep_base: bool = field(default=False, metadata={
+    keep_base: bool = field(default=True, metadata={
         "help": "Teach the routers when the base should answer: the base model's own logged requests on "
                 "the train side of the held-out split, its successes targeting the null expert and its "
                 "failures the expert of the capability the diagnosis blamed. Kept only when held-out ones "
                 "route right (keep_base_min_recall); a one-capability composite then gets a router too. "
                 "Only runs logged by the base model count (agent = its id): another agent's successes "
-                "say nothing of what the base does."})
+                "say nothing of what the base does. Needs the null expert and a probe phase (without "
+                "them it does nothing). On the BFCL night it raised the composite from 20/83 held-out "
+                "requests (the adapter alone) to 30/83 (base 16/83); on the retail sample the base "
+                "logged 4 successes, too few: nothing is fitted."})
     keep_base_examples: int = field(default=256, metadata={
         "help": "Logged requests per target (the null expert, each capability) drawn for keep-base "
                 "routing, a seeded sample; heldout_fraction of them measure it. On the BFCL logs 64 per "
@@ -117,9 +120,6 @@ class RouteConfig:
         "ge": 0, "le": 1})
 
     def __post_init__(self) -> None:
-        if self.keep_base and not (self.null_expert and self.probe_steps):
-            raise ConfigError("route.keep_base needs route.null_expert true and route.probe_steps above 0 "
-                              "(the keep-base decision is fitted and checked in the probe phase)")
         for spec in fields(self):
             problem = _problem(spec, getattr(self, spec.name))
             if problem:
@@ -148,6 +148,12 @@ class RouteConfig:
         if mode is not None:
             values["mode"] = mode
         return cls(**values)
+
+    @property
+    def keeps_base(self) -> bool:
+        """Whether this run fits keep-base routing: asked for, with a null expert to keep the base with
+        and a probe phase to fit and check it in."""
+        return self.keep_base and self.null_expert and self.probe_steps > 0
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting by name: the stage's MLflow params and part of its cache key."""
