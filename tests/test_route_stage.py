@@ -202,22 +202,15 @@ def test_route_rerun_after_lost_result_or_folder_reuses_the_registered_versions(
     assert len(reusing) == 2 and all(r.info.status == "FINISHED" for r in reusing)
 
 
-@pytest.mark.slow
-def test_a_single_capability_composite_is_its_adapter_with_no_router_fitted(home: Path,
-                                                                             tiny_model_dir: Path) -> None:
-    """One selected capability: the composite routes every token to its one expert (no null expert, no
-    fit, no trace) and computes what the PEFT adapter computes."""
+def one_capability_home(home: Path, tiny_model_dir: Path, route: dict[str, Any]) -> tuple[Any, Path]:
+    """A home with ``route`` settings, CAPS[0] synthesized and a random adapter registered for it;
+    returns its paths and the adapter folder."""
     import mlflow
-    from mlflow.tracking import MlflowClient
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     from traceops.envs.synthesize import synthesize
-    from traceops.flows.route import route_flow
     from traceops.flows.runtime import prepare
-    from traceops.moe import load_moe, read_config
 
-    (home / "params.yaml").write_text(yaml.safe_dump({"route": ROUTE}))
+    (home / "params.yaml").write_text(yaml.safe_dump({"route": route}))
     paths = prepare(home).paths
     cap = CAPS[0]
     assert synthesize([cap], [], paths.environments, {"train_size": 5, "val_size": 2, "test_size": 2}).passed
@@ -225,7 +218,23 @@ def test_a_single_capability_composite_is_its_adapter_with_no_router_fitted(home
     with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "train")):
         register_adapter(folder, cap, current_lineage(paths, str(tiny_model_dir), diagnosis_run=""),
                          base_model=str(tiny_model_dir))
+    return paths, folder
 
+
+@pytest.mark.slow
+def test_a_single_capability_composite_is_its_adapter_with_no_router_fitted(home: Path,
+                                                                             tiny_model_dir: Path) -> None:
+    """One selected capability: the composite routes every token to its one expert (no null expert, no
+    fit, no trace) and computes what the PEFT adapter computes."""
+    from mlflow.tracking import MlflowClient
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from traceops.flows.route import route_flow
+    from traceops.moe import load_moe, read_config
+
+    paths, folder = one_capability_home(home, tiny_model_dir, ROUTE)
+    cap = CAPS[0]
     result = route_flow(home=str(home), base_model=str(tiny_model_dir))
     composite_dir = Path(result.composite_path)
     saved = read_config(composite_dir)
@@ -265,22 +274,13 @@ def logged_run(index: int, success: bool, agent: str) -> Any:
 def keep_base_home(home: Path, tiny_model_dir: Path, runs: list[Any]) -> Any:
     """A one-capability home asking for keep-base routing, with a registered adapter, the logged ``runs``
     curated and their failures blamed on the capability; returns its paths."""
-    import mlflow
     import pandas as pd
 
-    from traceops.envs.synthesize import synthesize
-    from traceops.flows.runtime import prepare
     from traceops.store import append_trajectories
 
     route = {**ROUTE, "mode": "request", "top_k": 1, "steps": 0, "keep_base": True}
-    (home / "params.yaml").write_text(yaml.safe_dump({"route": route}))
-    paths = prepare(home).paths
+    paths, _folder = one_capability_home(home, tiny_model_dir, route)
     cap = CAPS[0]
-    assert synthesize([cap], [], paths.environments, {"train_size": 5, "val_size": 2, "test_size": 2}).passed
-    folder = random_adapter(tiny_model_dir, home / "trained" / cap, seed=3)
-    with mlflow.start_run(experiment_id=registry.ensure_experiment(paths, "train")):
-        register_adapter(folder, cap, current_lineage(paths, str(tiny_model_dir), diagnosis_run=""),
-                         base_model=str(tiny_model_dir))
     append_trajectories(paths, runs)
     paths.diagnosis.mkdir(parents=True, exist_ok=True)
     blamed = [{"trajectory_id": t.id, "task_id": t.task_id, "capability": cap}
