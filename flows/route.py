@@ -71,9 +71,10 @@ def route_flow(home: str | None = None, adapters: list[AdapterResult] | None = N
         raise StageError(f"route: no environments for {', '.join(missing)} under {paths.environments}; the "
                          "routers are fitted on their demonstrations: run `traceops synthesize` first")
     envs = {row["capability"]: folder_hash(paths.environments / row["capability"]) for row in rows}
-    draw = (keep_base_draw(settings, [r["capability"] for r in rows], base_ref, route_config).to_dict()
+    draw = (keep_base_draw(settings, [r["capability"] for r in rows], base_ref, route_config)
             if route_config.keeps_base else None)
     key = stage_key("route", [(r["capability"], r["model_name"], r["model_version"]) for r in rows], params,
-                    base_ref, envs, *([draw["ids"]] if draw else []))
+                    base_ref, envs, *([draw.key] if draw else []))
     return run_cached(route_task, composite_exists, key=key, adapters=rows, home=home, params=params,
-                      base_model=base_model, lineage=lineage, parent_run_id=parent_run_id, keep_base=draw)
+                      base_model=base_model, lineage=lineage, parent_run_id=parent_run_id,
+                      keep_base=draw.to_dict() if draw else None)

@@ -17,8 +17,8 @@ supervise the fit (the request-mode choice), never their tokens. A share of them
 fitted probes route fewer than ``keep_base_min_recall`` of the held-out prompts of any logged target, or
 of the demonstrations' held-out decision prompts, to the right choice (or a target has too few held-out
 prompts to tell), the probes are fitted again without them; when they pass, again with the held-out ones
-too. Without them (the base's successes and the failures may not be separable from the prompt alone: then a
-composite that sends a failure to the base would lose what the adapter learned).
+too. The check is there because the base's successes and failures may not be separable from the prompt
+alone: a composite that then sent failures to the base would lose what the adapter learned.
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def _split(moe: MoEModel, tokenizer: Any, examples: Mapping[str, list[Example]],
 
 # Held-out logged prompts a target needs for its recall to count: 4 of 4 would pass a 0.8 bar by luck.
 KEEP_BASE_MIN_HELDOUT = 8
-_WHOLE = 1 << 30
+_WHOLE = 1 << 30  # an encoding length no prompt reaches: the whole conversation
 
 
 def keep_base_minimum(heldout_fraction: float) -> int:
@@ -262,7 +262,7 @@ def keep_base_minimum(heldout_fraction: float) -> int:
     n = KEEP_BASE_MIN_HELDOUT
     while min(n - 1, max(1, round(n * heldout_fraction))) < KEEP_BASE_MIN_HELDOUT:
         n += 1
-    return n  # an encoding length no prompt reaches: the whole conversation
+    return n
 
 
 def _route_loss(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -533,13 +533,14 @@ def _keep_base_verdict(moe: MoEModel, logged_held: DecisionSamples | None, demos
             problems.append(f"only {total} held-out logged prompts of '{names[target]}' (fewer than "
                             f"{KEEP_BASE_MIN_HELDOUT}: too few to tell)")
         elif hits < minimum * total:
-            problems.append(f"{hits}/{total} held-out logged prompts of '{names[target]}' routed to it")
+            problems.append(f"{hits}/{total} held-out logged prompts of '{names[target]}' routed to it "
+                            f"(below {minimum:.2f})")
     if demos is not None and demos < minimum:
-        problems.append(f"demonstrations' held-out decision accuracy {demos:.2f}")
+        problems.append(f"demonstrations' held-out decision accuracy {demos:.2f} (below {minimum:.2f})")
     trained = logged_train.targets.tolist() if logged_train is not None else []
     return {
         "kept": not problems, "min_recall": minimum,
-        "reason": "; ".join(problems) + f" (below {minimum:.2f})" if problems else None,
+        "reason": "; ".join(problems) or None,
         "recall": {names[t]: hits / total for t, (hits, total) in sorted(recall.items())},
         "heldout_prompts": {names[t]: total for t, (_hits, total) in sorted(recall.items())},
         "train_prompts": {names[t]: trained.count(t) for t in sorted(set(trained))},
